@@ -1,0 +1,358 @@
+"""Leaf predicates and the filter/partition/combine trio."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+import numpy as np
+
+__all__ = [
+    "combine",
+    "filter",
+    "is_array",
+    "is_array_like",
+    "is_inexact_array",
+    "is_inexact_array_like",
+    "is_key_array",
+    "partition",
+]
+
+_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+
+
+def is_array(element: Any) -> bool:
+    """Whether `element` is a JAX array (typed key arrays included) or a NumPy
+    array or scalar.
+
+    **Arguments:**
+
+    - `element`: any Python object.
+
+    **Returns:** `True` for `jax.Array` (and tracers), `numpy.ndarray` and NumPy
+    scalars such as `numpy.float32(1)`; `False` otherwise, Python scalars included.
+
+    ```python
+    >>> import jax.numpy as jnp, numpy as np
+    >>> import filterax as fx
+    >>> fx.is_array(jnp.ones(3)), fx.is_array(np.int8(1)), fx.is_array(1.0)
+    (True, True, False)
+
+    ```
+    """
+    return isinstance(element, _ARRAY_TYPES)
+
+
+def is_array_like(element: Any) -> bool:
+    """Whether `element` is an array (see [`is_array`][filterax.is_array]) or a
+    Python `bool`, `int`, `float` or `complex`.
+
+    **Arguments:**
+
+    - `element`: any Python object.
+
+    **Returns:** a `bool`.
+
+    ```python
+    >>> import filterax as fx
+    >>> fx.is_array_like(3), fx.is_array_like("3")
+    (True, False)
+
+    ```
+    """
+    return isinstance(element, (*_ARRAY_TYPES, bool, int, float, complex))
+
+
+def is_inexact_array(element: Any) -> bool:
+    """Whether `element` is a floating-point or complex JAX or NumPy array.
+
+    Key arrays, integer arrays and boolean arrays are not inexact, so they are
+    never differentiated.
+
+    **Arguments:**
+
+    - `element`: any Python object.
+
+    **Returns:** a `bool`.
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> import filterax as fx
+    >>> fx.is_inexact_array(jnp.ones(2)), fx.is_inexact_array(jnp.arange(2))
+    (True, False)
+    >>> fx.is_inexact_array(jax.random.key(0))
+    False
+
+    ```
+    """
+    if isinstance(element, _ARRAY_TYPES):
+        return _dtype_is_inexact(element.dtype)
+    return False
+
+
+_INEXACT_BY_DTYPE: dict[Any, bool] = {}
+
+
+def _dtype_is_inexact(dtype: Any) -> bool:
+    # `jax.dtypes.issubdtype` understands bfloat16 and key dtypes but is slow;
+    # there are few dtypes, so remember each answer.
+    try:
+        return _INEXACT_BY_DTYPE[dtype]
+    except KeyError:
+        answer = bool(jax.dtypes.issubdtype(dtype, np.inexact))
+        _INEXACT_BY_DTYPE[dtype] = answer
+        return answer
+
+
+def is_inexact_array_like(element: Any) -> bool:
+    """Whether `element` is an inexact array or a Python `float` or `complex`.
+
+    **Arguments:**
+
+    - `element`: any Python object.
+
+    **Returns:** a `bool`.
+
+    ```python
+    >>> import filterax as fx
+    >>> fx.is_inexact_array_like(1.0), fx.is_inexact_array_like(1)
+    (True, False)
+
+    ```
+    """
+    if isinstance(element, (float, complex)):
+        return True
+    return is_inexact_array(element)
+
+
+def is_key_array(element: Any) -> bool:
+    """Whether `element` is a typed PRNG key array (made by `jax.random.key`).
+
+    Legacy raw `uint32` keys (from `jax.random.PRNGKey`) cannot be told apart
+    from ordinary integer arrays, and are treated as such.
+
+    **Arguments:**
+
+    - `element`: any Python object.
+
+    **Returns:** a `bool`.
+
+    ```python
+    >>> import jax
+    >>> import filterax as fx
+    >>> fx.is_key_array(jax.random.key(0)), fx.is_key_array(jax.random.PRNGKey(0))
+    (True, False)
+
+    ```
+    """
+    return isinstance(element, jax.Array) and jax.dtypes.issubdtype(
+        element.dtype, jax.dtypes.prng_key
+    )
+
+
+FilterSpec = bool | Callable[[Any], bool]
+
+
+def _spec_error(path: jtu.KeyPath, spec: Any) -> ValueError:
+    where = jtu.keystr(path) if path else "the root"
+    return ValueError(
+        f"filter_spec leaf at {where} is {spec!r}; expected a bool or a "
+        "callable `leaf -> bool`."
+    )
+
+
+def _resolve_leaf_mask(
+    path: jtu.KeyPath, spec: Any, subtree: Any, is_leaf: Callable[[Any], bool] | None
+) -> Any:
+    """Turns one leaf of `filter_spec` into a bool-per-leaf pytree of `subtree`."""
+    if isinstance(spec, bool):
+        return jtu.tree_map(lambda _: spec, subtree, is_leaf=is_leaf)
+    if callable(spec):
+
+        def apply(leaf: Any) -> bool:
+            result = spec(leaf)
+            if not isinstance(result, (bool, np.bool_)):
+                raise ValueError(
+                    f"filter_spec callable at {jtu.keystr(path) or 'the root'} "
+                    f"returned {result!r} for a leaf; expected a bool."
+                )
+            return bool(result)
+
+        return jtu.tree_map(apply, subtree, is_leaf=is_leaf)
+    raise _spec_error(path, spec)
+
+
+def _node_children(tree: Any) -> tuple[list[tuple[Any, Any]], Any] | None:
+    """One level of `tree` as `(key, child)` pairs plus its node type, or `None`
+    for a leaf."""
+    if jtu.treedef_is_leaf(jtu.tree_structure(tree, is_leaf=lambda x: x is not tree)):
+        return None
+    children, _ = jtu.flatten_one_level_with_keys(tree)
+    return children, jtu.tree_structure(tree, is_leaf=lambda x: x is not tree)
+
+
+def _prefix_error(spec: Any, tree: Any, path: tuple = ()) -> ValueError:
+    """Describes the first place where `spec` stops being a prefix of `tree`."""
+    where = jtu.keystr(path) if path else "the root"
+    spec_level = _node_children(spec)
+    tree_level = _node_children(tree)
+    if spec_level is None:
+        return _spec_error(path, spec)
+    if tree_level is None or spec_level[1] != tree_level[1]:
+        return ValueError(
+            "filter_spec must be a pytree prefix of the pytree being filtered, "
+            f"but at {where} filter_spec has {type(spec).__name__} "
+            f"{jtu.tree_structure(spec, is_leaf=lambda x: x is not spec)} where the "
+            f"pytree has {type(tree).__name__} "
+            f"{jtu.tree_structure(tree, is_leaf=lambda x: x is not tree)}."
+        )
+    for (key, spec_child), (_, tree_child) in zip(spec_level[0], tree_level[0]):
+        if _is_spec_leaf(spec_child):
+            continue
+        error = _prefix_error(spec_child, tree_child, (*path, key))
+        if error is not None:
+            return error
+    return ValueError(f"filter_spec is not a pytree prefix of the pytree at {where}.")
+
+
+def _is_spec_leaf(spec: Any) -> bool:
+    # Callables that are also pytrees (a `Partial`, a callable Module) are used
+    # as predicates, not descended into.
+    return isinstance(spec, bool) or callable(spec)
+
+
+def _leaf_mask(pytree: Any, filter_spec: Any, is_leaf: Callable[[Any], bool] | None) -> Any:
+    """A pytree like `pytree` whose leaves say whether to keep each leaf.
+
+    Raises a `ValueError` naming the key path when `filter_spec` is not a
+    pytree prefix of `pytree`.
+    """
+    if _is_spec_leaf(filter_spec):
+        return _resolve_leaf_mask((), filter_spec, pytree, is_leaf)
+    spec_paths, spec_def = jtu.tree_flatten_with_path(filter_spec, is_leaf=_is_spec_leaf)
+    try:
+        subtrees = spec_def.flatten_up_to(pytree)
+    except (ValueError, TypeError):
+        raise _prefix_error(filter_spec, pytree) from None
+    masks = [
+        _resolve_leaf_mask(path, spec, subtree, is_leaf)
+        for (path, spec), subtree in zip(spec_paths, subtrees)
+    ]
+    return jtu.tree_unflatten(spec_def, masks)
+
+
+def filter(
+    pytree: Any,
+    filter_spec: Any,
+    inverse: bool = False,
+    replace: Any = None,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> Any:
+    """Keeps the leaves of `pytree` selected by `filter_spec`, replacing the others.
+
+    **Arguments:**
+
+    - `pytree`: any pytree.
+    - `filter_spec`: a pytree prefix of `pytree` whose leaves are bools or
+      callables `leaf -> bool`; a bool or callable at a node applies to every
+      leaf below it.
+    - `inverse`: keep the leaves that are *not* selected instead.
+    - `replace`: what dropped leaves become.
+    - `is_leaf`: as for `jax.tree_util.tree_map`: nodes to treat as leaves.
+
+    **Returns:** a pytree of the same structure as `pytree`.
+
+    **Raises:** `ValueError` naming the key path when `filter_spec` is not a
+    prefix of `pytree` or one of its leaves is neither a bool nor a callable.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> fx.filter({"w": jnp.ones(2), "act": "relu"}, fx.is_array)
+    {'act': None, 'w': Array([1., 1.], dtype=float32)}
+
+    ```
+    """
+    mask = _leaf_mask(pytree, filter_spec, is_leaf)
+    keep = (lambda m: not m) if inverse else bool
+    return jtu.tree_map(
+        lambda m, x: x if keep(m) else replace, mask, pytree, is_leaf=is_leaf
+    )
+
+
+def partition(
+    pytree: Any,
+    filter_spec: Any,
+    replace: Any = None,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> tuple[Any, Any]:
+    """Splits `pytree` into the leaves selected by `filter_spec` and the rest.
+
+    **Arguments:** as for [`filter`][filterax.filter].
+
+    **Returns:** `(kept, rest)`: two pytrees shaped like `pytree`, each holding
+    `replace` where the other holds a leaf. `combine(kept, rest)` rebuilds
+    `pytree`.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> tree = [jnp.zeros(2), "tanh", 3]
+    >>> arrays, other = fx.partition(tree, fx.is_array)
+    >>> arrays
+    [Array([0., 0.], dtype=float32), None, None]
+    >>> other
+    [None, 'tanh', 3]
+    >>> fx.combine(arrays, other)
+    [Array([0., 0.], dtype=float32), 'tanh', 3]
+
+    ```
+    """
+    mask = _leaf_mask(pytree, filter_spec, is_leaf)
+    kept = jtu.tree_map(lambda m, x: x if m else replace, mask, pytree, is_leaf=is_leaf)
+    rest = jtu.tree_map(lambda m, x: replace if m else x, mask, pytree, is_leaf=is_leaf)
+    return kept, rest
+
+
+def _is_none(x: Any) -> bool:
+    return x is None
+
+
+def _first_not_none(*leaves: Any) -> Any:
+    for leaf in leaves:
+        if leaf is not None:
+            return leaf
+    return None
+
+
+def combine(*pytrees: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
+    """Merges pytrees of the same structure, taking the first non-`None` leaf at
+    each position.
+
+    **Arguments:**
+
+    - `*pytrees`: pytrees of the same structure, with `None` where a leaf is
+      absent (as produced by [`partition`][filterax.partition]).
+    - `is_leaf`: nodes to treat as leaves, besides `None`.
+
+    **Returns:** the merged pytree.
+
+    ```python
+    >>> import filterax as fx
+    >>> fx.combine([1, None], [None, 2])
+    [1, 2]
+
+    ```
+    """
+    if not pytrees:
+        raise TypeError("combine() needs at least one pytree.")
+    if is_leaf is None:
+        leaf_test = _is_none
+    else:
+
+        def leaf_test(x: Any) -> bool:
+            return x is None or is_leaf(x)
+
+    return jtu.tree_map(_first_not_none, *pytrees, is_leaf=leaf_test)
