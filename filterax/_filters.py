@@ -223,7 +223,9 @@ def _is_spec_leaf(spec: Any) -> bool:
     return isinstance(spec, bool) or callable(spec)
 
 
-def _leaf_mask(pytree: Any, filter_spec: Any, is_leaf: Callable[[Any], bool] | None) -> Any:
+def _leaf_mask(
+    pytree: Any, filter_spec: Any, is_leaf: Callable[[Any], bool] | None
+) -> Any:
     """A pytree like `pytree` whose leaves say whether to keep each leaf.
 
     Raises a `ValueError` naming the key path when `filter_spec` is not a
@@ -231,7 +233,9 @@ def _leaf_mask(pytree: Any, filter_spec: Any, is_leaf: Callable[[Any], bool] | N
     """
     if _is_spec_leaf(filter_spec):
         return _resolve_leaf_mask((), filter_spec, pytree, is_leaf)
-    spec_paths, spec_def = jtu.tree_flatten_with_path(filter_spec, is_leaf=_is_spec_leaf)
+    spec_paths, spec_def = jtu.tree_flatten_with_path(
+        filter_spec, is_leaf=_is_spec_leaf
+    )
     try:
         subtrees = spec_def.flatten_up_to(pytree)
     except (ValueError, TypeError):

@@ -26,4 +26,6 @@ class Static:
         return f"Static({self.value!r})"
 
 
-jtu.register_pytree_node(Static, lambda s: ((), s.value), lambda value, _: Static(value))
+jtu.register_pytree_node(
+    Static, lambda s: ((), s.value), lambda value, _: Static(value)
+)
