@@ -1,0 +1,44 @@
+"""Fails loudly when a JAX internal that `filterax._compat` relies on changes."""
+
+import jax
+import jax.tree_util as jtu
+from jax._src import tree_util as jax_tree_util
+
+from filterax import _compat
+
+
+def test_jax_still_has_every_registry_we_register_into():
+    registries = jax_tree_util._all_registries
+    assert jtu.default_registry in registries
+    assert len(registries) >= 3
+    for registry in registries:
+        assert hasattr(registry, "register_dataclass_node")
+
+
+def test_dataclass_node_unflattens_by_calling_the_type_with_keywords():
+    # Module relies on this: unflatten is `cls(**{meta fields, data fields})`.
+    calls = []
+
+    class Node:
+        def __init__(self, **kwargs):
+            calls.append(kwargs)
+            self.__dict__.update(kwargs)
+
+    _compat.register_dataclass_node(Node, ["data"], ["meta"])
+    node = Node(data=1, meta="m")
+    leaves, treedef = jtu.tree_flatten(node)
+    assert leaves == [1]
+    rebuilt = jtu.tree_unflatten(treedef, [2])
+    assert calls[-1] == {"meta": "m", "data": 2}
+    assert rebuilt.data == 2
+    assert jtu.tree_leaves_with_path(node)[0][0] == (jtu.GetAttrKey("data"),)
+
+
+def test_registered_node_flattens_for_jit_dispatch():
+    class Pair:
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+
+    _compat.register_dataclass_node(Pair, ["a", "b"], [])
+    out = jax.jit(lambda p: p.a + p.b)(Pair(a=1.0, b=2.0))
+    assert out == 3.0

@@ -1,0 +1,569 @@
+"""Behaviour of `filterax.Module` (API.md section 1)."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import gc
+import pickle
+import threading
+import warnings
+import weakref
+from typing import ClassVar
+
+import beartype
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import jaxtyping
+import numpy as np
+import pytest
+from jaxtyping import Array, Float
+
+import filterax as fx
+
+
+class Linear(fx.Module):
+    weight: jax.Array
+    bias: jax.Array
+
+    def __call__(self, x):
+        return self.weight @ x + self.bias
+
+    def scaled(self, x, factor):
+        return factor * self(x)
+
+
+def make_linear() -> Linear:
+    return Linear(jnp.arange(6.0).reshape(2, 3), jnp.ones(2))
+
+
+# --- dataclass and pytree behaviour ------------------------------------------------
+
+
+def test_subclass_is_a_dataclass_without_a_decorator():
+    assert dataclasses.is_dataclass(Linear)
+    assert [f.name for f in dataclasses.fields(Linear)] == ["weight", "bias"]
+
+
+def test_fields_are_children_in_declaration_order_with_getattr_key_paths():
+    model = make_linear()
+    paths = [path for path, _ in jtu.tree_leaves_with_path(model)]
+    assert paths == [(jtu.GetAttrKey("weight"),), (jtu.GetAttrKey("bias"),)]
+
+
+def test_flatten_unflatten_round_trip_keeps_type_and_values():
+    model = make_linear()
+    leaves, treedef = jtu.tree_flatten(model)
+    rebuilt = jtu.tree_unflatten(treedef, leaves)
+    assert type(rebuilt) is Linear
+    assert rebuilt.weight is model.weight and rebuilt.bias is model.bias
+
+
+def test_unflatten_does_not_run_init_converters_or_checks():
+    calls = []
+
+    class Checked(fx.Module):
+        x: object = fx.field(converter=lambda v: calls.append("convert") or v)
+
+        def __check_init__(self):
+            calls.append("check")
+
+    model = Checked(1.0)
+    assert calls == ["convert", "check"]
+    jtu.tree_map(lambda _: object(), model)
+    assert calls == ["convert", "check"]
+
+
+def test_tree_map_with_none_leaves_builds_a_module():
+    mapped = jtu.tree_map(lambda _: None, make_linear())
+    assert type(mapped) is Linear
+    assert mapped.weight is None and mapped.bias is None
+
+
+def test_generated_init_accepts_positional_keyword_and_defaults():
+    class Config(fx.Module):
+        a: int
+        b: float = 2.0
+        c: list = dataclasses.field(default_factory=list)
+        d: int = dataclasses.field(default=4, kw_only=True)
+
+    config = Config(1, c=[3], d=5)
+    assert (config.a, config.b, config.c, config.d) == (1, 2.0, [3], 5)
+    assert Config(1).c is not Config(1).c
+    with pytest.raises(TypeError):
+        Config(1, 2.0, [3], 5)
+
+
+def test_non_default_field_after_default_is_a_clear_error():
+    with pytest.raises(TypeError, match="field 'b' without a default follows"):
+
+        class Bad(fx.Module):
+            a: int = 1
+            b: int
+
+
+def test_missing_argument_to_generated_init_is_a_type_error():
+    with pytest.raises(TypeError, match="bias"):
+        Linear(jnp.ones((2, 3)))
+
+
+# --- custom __init__, immutability, checks -----------------------------------------
+
+
+def test_custom_init_may_assign_fields():
+    class Affine(fx.Module):
+        weight: jax.Array
+        size: int = fx.field(static=True)
+
+        def __init__(self, size, key):
+            self.size = size
+            self.weight = jax.random.normal(key, (size,))
+
+    model = Affine(3, jax.random.key(0))
+    assert model.size == 3 and model.weight.shape == (3,)
+
+
+def test_assignment_after_init_raises_frozen_instance_error():
+    model = make_linear()
+    with pytest.raises(dataclasses.FrozenInstanceError, match="'bias'.*immutable"):
+        model.bias = jnp.zeros(2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del model.bias
+
+
+def test_custom_init_that_misses_a_field_names_it():
+    class Incomplete(fx.Module):
+        a: int
+        b: int
+
+        def __init__(self):
+            self.a = 1
+
+    with pytest.raises(TypeError, match=r"did not set the field\(s\) 'b'"):
+        Incomplete()
+
+
+def test_custom_init_assigning_an_undeclared_attribute_names_it():
+    class Sloppy(fx.Module):
+        a: int
+
+        def __init__(self):
+            self.a = 1
+            self.typo = 2
+
+    with pytest.raises(AttributeError, match="no field 'typo'"):
+        Sloppy()
+
+
+def test_init_state_does_not_leak_after_a_failing_init():
+    class Failing(fx.Module):
+        a: int
+
+        def __init__(self):
+            self.a = 1
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        Failing()
+    assert fx._module._INITIALISING == set()
+
+
+def test_subclass_custom_init_calls_parent_init():
+    class Base(fx.Module):
+        a: int
+
+    class Child(Base):
+        b: int
+
+        def __init__(self, a, b):
+            super().__init__(a)
+            self.b = b
+
+    child = Child(1, 2)
+    assert (child.a, child.b) == (1, 2)
+
+
+def test_subclass_without_init_inherits_custom_init():
+    class Base(fx.Module):
+        a: int
+
+        def __init__(self, value):
+            self.a = value * 10
+
+    class Child(Base):
+        pass
+
+    assert Child(2).a == 20
+
+
+def test_fields_are_inherited_in_order():
+    class Base(fx.Module):
+        a: int
+
+    class Child(Base):
+        b: int
+
+    assert [f.name for f in dataclasses.fields(Child)] == ["a", "b"]
+    assert Child(1, 2).b == 2
+
+
+def test_check_init_runs_for_every_class_in_the_mro():
+    seen = []
+
+    class Base(fx.Module):
+        a: int
+
+        def __check_init__(self):
+            seen.append("base")
+            if self.a < 0:
+                raise ValueError("a must be non-negative")
+
+    class Child(Base):
+        def __check_init__(self):
+            seen.append("child")
+
+    Child(1)
+    assert sorted(seen) == ["base", "child"]
+    with pytest.raises(ValueError, match="non-negative"):
+        Child(-1)
+
+
+def test_check_init_runs_after_a_custom_init():
+    class Positive(fx.Module):
+        a: int
+
+        def __init__(self, a):
+            self.a = a
+
+        def __check_init__(self):
+            if self.a <= 0:
+                raise ValueError("not positive")
+
+    with pytest.raises(ValueError, match="not positive"):
+        Positive(0)
+
+
+def test_post_init_may_assign_fields():
+    class Derived(fx.Module):
+        a: int
+        b: int = dataclasses.field(init=False)
+
+        def __post_init__(self):
+            self.b = self.a * 2
+
+    assert Derived(3).b == 6
+
+
+def test_defining_setattr_is_refused():
+    with pytest.raises(TypeError, match="__setattr__"):
+
+        class Mutable(fx.Module):
+            def __setattr__(self, name, value):
+                pass
+
+
+# --- fields: static and converter ---------------------------------------------------
+
+
+def test_static_field_lives_in_the_treedef():
+    class WithStatic(fx.Module):
+        weight: jax.Array
+        name: str = fx.field(static=True)
+
+    model = WithStatic(jnp.ones(2), "layer")
+    leaves, treedef = jtu.tree_flatten(model)
+    assert len(leaves) == 1
+    other = WithStatic(jnp.ones(2), "other")
+    assert jtu.tree_structure(other) != treedef
+    assert jtu.tree_unflatten(treedef, leaves).name == "layer"
+
+
+def test_array_in_static_field_warns_once():
+    class ArrayStatic(fx.Module):
+        table: object = fx.field(static=True)
+
+    with pytest.warns(fx.StaticArrayWarning, match="ArrayStatic.table"):
+        ArrayStatic(np.ones(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ArrayStatic(np.ones(3))
+
+
+def test_converter_runs_in_generated_init():
+    class Converted(fx.Module):
+        x: jax.Array = fx.field(converter=jnp.asarray)
+
+    assert isinstance(Converted(1.5).x, jax.Array)
+
+
+def test_converter_runs_on_assignment_in_custom_init():
+    class Converted(fx.Module):
+        x: jax.Array = fx.field(converter=jnp.asarray)
+
+        def __init__(self, value):
+            self.x = value
+
+    assert isinstance(Converted(1.5).x, jax.Array)
+
+
+def test_field_rejects_static_inside_metadata():
+    with pytest.raises(ValueError, match="static"):
+        fx.field(metadata={"static": True})
+
+
+# --- abstract attributes ---------------------------------------------------------------
+
+
+def test_unresolved_abstract_var_blocks_instantiation():
+    class Shape(fx.Module):
+        sides: fx.AbstractVar[int]
+
+    with pytest.raises(TypeError, match="AbstractVar 'sides'"):
+        Shape()
+    assert dataclasses.fields(Shape) == ()
+
+
+def test_abstract_var_resolved_by_field_or_property():
+    class Shape(fx.Module):
+        sides: fx.AbstractVar[int]
+
+    class ByField(Shape):
+        sides: int
+
+    class ByProperty(Shape):
+        @property
+        def sides(self):
+            return 3
+
+    assert ByField(4).sides == 4
+    assert ByProperty().sides == 3
+
+
+def test_abstract_class_var_needs_a_class_attribute():
+    class Activation(fx.Module):
+        name: fx.AbstractClassVar[str]
+
+    class Unresolved(Activation):
+        pass
+
+    class ReLU(Activation):
+        name: ClassVar[str] = "relu"
+
+    with pytest.raises(TypeError, match="AbstractClassVar 'name'"):
+        Unresolved()
+    assert ReLU().name == "relu"
+
+
+def test_string_annotations_are_recognised():
+    namespace: dict = {}
+    exec(
+        "from __future__ import annotations\n"
+        "import filterax as fx\n"
+        "class Shape(fx.Module):\n"
+        "    sides: fx.AbstractVar[int]\n"
+        "    scale: float = 1.0\n",
+        namespace,
+    )
+    with pytest.raises(TypeError, match="AbstractVar 'sides'"):
+        namespace["Shape"]()
+
+
+def test_abc_abstractmethod_blocks_instantiation():
+    class Layer(fx.Module):
+        @abc.abstractmethod
+        def forward(self, x): ...
+
+    class Concrete(Layer):
+        def forward(self, x):
+            return x
+
+    with pytest.raises(TypeError, match="abstract"):
+        Layer()
+    assert Concrete().forward(1) == 1
+
+
+# --- methods as pytrees, Partial --------------------------------------------------------
+
+
+def test_bound_method_is_a_pytree_over_the_module():
+    model = make_linear()
+    method = model.scaled
+    assert isinstance(method, fx.BoundMethod)
+    assert jtu.tree_leaves(method) == jtu.tree_leaves(model)
+    rebuilt = jtu.tree_map(lambda x: 2 * x, method)
+    np.testing.assert_allclose(rebuilt(jnp.ones(3), 1.0), 2 * model(jnp.ones(3)))
+
+
+def test_bound_method_under_jax_jit_traces_module_arrays():
+    model = make_linear()
+    traces = []
+
+    @jax.jit
+    def run(method, x):
+        traces.append(None)
+        return method(x, 2.0)
+
+    run(model.scaled, jnp.ones(3))
+    bigger = Linear(model.weight + 1, model.bias)
+    np.testing.assert_allclose(run(bigger.scaled, jnp.ones(3)), 2 * bigger(jnp.ones(3)))
+    assert len(traces) == 1
+
+
+def test_class_access_returns_the_plain_function():
+    assert Linear.scaled.__name__ == "scaled"
+    assert make_linear().scaled.__name__ == "scaled"
+    assert make_linear().scaled.__self__ is not None
+
+
+def test_dunder_methods_are_not_wrapped():
+    assert not isinstance(make_linear().__call__, fx.BoundMethod)
+
+
+def test_staticmethod_classmethod_and_property_still_work():
+    class Tools(fx.Module):
+        a: int
+
+        @staticmethod
+        def double(x):
+            return 2 * x
+
+        @classmethod
+        def build(cls):
+            return cls(1)
+
+        @property
+        def twice(self):
+            return self.double(self.a)
+
+    assert Tools.build().twice == 2
+
+
+def test_partial_binds_and_is_a_pytree():
+    partial = fx.Partial(jnp.add, jnp.array(1.0))
+    assert partial(2.0) == 3.0
+    assert jtu.tree_leaves(partial) == [jnp.add, partial.args[0]]
+    doubled = jtu.tree_map(lambda x: x if callable(x) else 2 * x, partial)
+    assert doubled(2.0) == 4.0
+
+
+def test_partial_keywords():
+    partial = fx.Partial(lambda a, b=0: a - b, b=jnp.array(1.0))
+    assert partial(3.0) == 2.0
+
+
+# --- equality, hash, repr, pickle ---------------------------------------------------------
+
+
+def test_equality_is_tree_equal():
+    assert make_linear() == make_linear()
+    other = Linear(jnp.zeros((2, 3)), jnp.ones(2))
+    assert not (make_linear() == other)
+
+
+def test_hash_works_for_hashable_leaves_and_agrees_with_equality():
+    class Config(fx.Module):
+        a: int
+        b: str
+
+    assert hash(Config(1, "x")) == hash(Config(1, "x"))
+    assert {Config(1, "x"), Config(1, "x")} == {Config(1, "x")}
+
+
+def test_hash_of_array_leaves_fails():
+    with pytest.raises(TypeError):
+        hash(make_linear())
+
+
+def test_repr_is_the_short_pretty_form():
+    assert repr(make_linear()) == "Linear(weight=f32[2,3], bias=f32[2])"
+
+
+def test_pickle_round_trip():
+    class_ = Linear
+    model = make_linear()
+    restored = pickle.loads(pickle.dumps(model))
+    assert type(restored) is class_ and restored == model
+
+
+def test_dataclasses_replace_builds_a_modified_copy():
+    model = make_linear()
+    replaced = dataclasses.replace(model, bias=jnp.zeros(2))
+    assert replaced.bias.sum() == 0 and model.bias.sum() == 2
+
+
+# --- jaxtyping runtime checking -----------------------------------------------------------
+
+
+def test_jaxtyped_module_checks_fields_and_names_the_mismatch():
+    @jaxtyping.jaxtyped(typechecker=beartype.beartype)
+    class Typed(fx.Module):
+        weight: Float[Array, "out inp"]
+        bias: Float[Array, " out"]
+
+    Typed(jnp.ones((3, 2)), jnp.ones(3))
+    with pytest.raises(Exception, match="bias") as info:
+        Typed(jnp.ones((3, 2)), jnp.ones(4))
+    assert "TypeCheckError" in type(info.value).__name__ or "type" in str(info.value)
+
+
+def test_jaxtyped_module_still_unflattens_with_arbitrary_leaves():
+    @jaxtyping.jaxtyped(typechecker=beartype.beartype)
+    class Typed(fx.Module):
+        weight: Float[Array, " n"]
+
+    model = Typed(jnp.ones(2))
+    assert jtu.tree_map(lambda _: None, model).weight is None
+
+
+# --- resources and threads ----------------------------------------------------------------
+
+
+def test_instances_are_garbage_collected():
+    holder = make_linear()
+    module_ref = weakref.ref(holder)
+    del holder
+    gc.collect()
+    assert module_ref() is None
+
+
+def test_concurrent_construction_with_custom_init_is_safe():
+    class Custom(fx.Module):
+        a: int
+
+        def __init__(self, a):
+            self.a = a
+
+    errors = []
+
+    def build(offset):
+        try:
+            for i in range(300):
+                assert Custom(offset + i).a == offset + i
+        except Exception as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=build, args=(k * 1000,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert fx._module._INITIALISING == set()
+
+
+def test_import_hook_checks_module_fields(tmp_path, monkeypatch):
+    source = (
+        "import filterax as fx\n"
+        "from jaxtyping import Array, Float\n"
+        "class Pair(fx.Module):\n"
+        "    left: Float[Array, ' n']\n"
+        "    right: Float[Array, ' n']\n"
+    )
+    (tmp_path / "hooked_models.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with jaxtyping.install_import_hook("hooked_models", "beartype.beartype"):
+        import hooked_models  # noqa: PLC0415
+    hooked_models.Pair(jnp.ones(2), jnp.ones(2))
+    with pytest.raises(Exception, match="right"):
+        hooked_models.Pair(jnp.ones(2), jnp.ones(3))
