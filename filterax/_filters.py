@@ -167,8 +167,9 @@ def _resolve_leaf_mask(
     path: jtu.KeyPath, spec: Any, subtree: Any, is_leaf: Callable[[Any], bool] | None
 ) -> Any:
     """Turns one leaf of `filter_spec` into a bool-per-leaf pytree of `subtree`."""
-    if isinstance(spec, bool):
-        return jtu.tree_map(lambda _: spec, subtree, is_leaf=is_leaf)
+    if isinstance(spec, (bool, np.bool_)):
+        keep = bool(spec)
+        return jtu.tree_map(lambda _: keep, subtree, is_leaf=is_leaf)
     if callable(spec):
 
         def apply(leaf: Any) -> bool:
@@ -220,7 +221,7 @@ def _prefix_error(spec: Any, tree: Any, path: tuple = ()) -> ValueError:
 def _is_spec_leaf(spec: Any) -> bool:
     # Callables that are also pytrees (a `Partial`, a callable Module) are used
     # as predicates, not descended into.
-    return isinstance(spec, bool) or callable(spec)
+    return isinstance(spec, (bool, np.bool_)) or callable(spec)
 
 
 def _leaf_mask(

@@ -24,7 +24,7 @@ class Partial(Module):
     >>> scale = fx.Partial(jnp.multiply, jnp.array(3.0))
     >>> scale(2.0)
     Array(6., dtype=float32, weak_type=True)
-    >>> jax.tree.leaves(scale)
+    >>> jax.tree.leaves(fx.filter(scale, fx.is_array))
     [Array(3., dtype=float32, weak_type=True)]
 
     ```

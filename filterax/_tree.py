@@ -1,0 +1,433 @@
+"""`tree_at` (out-of-place surgery on pytrees) and `tree_equal`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+
+from ._filters import is_array, is_key_array
+
+__all__ = ["tree_at", "tree_equal"]
+
+
+class _Missing:
+    """The default of `replace`/`replace_fn`: `None` is a valid replacement."""
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+def _where_text(path: jtu.KeyPath) -> str:
+    return jtu.keystr(path) if path else "the root"
+
+
+class _Position:
+    """One node or leaf of the pytree given to `tree_at`, at one place in it.
+
+    `children` is `None` for a leaf (including `None` and nodes that `is_leaf`
+    stops at); otherwise it holds one `_Position` per child, and `treedef`
+    rebuilds the node from a list of children.
+    """
+
+    __slots__ = ("path", "original", "children", "treedef", "marked")
+
+    def __init__(self, path: jtu.KeyPath, original: Any):
+        self.path = path
+        self.original = original
+        self.children: list[_Position] | None = None
+        self.treedef: Any = None
+        self.marked: Any = None
+
+
+class _LeafMarker:
+    """Stands in for one leaf in the structure-only copy that `where` sees.
+
+    A fresh object per leaf, so object identity tells every leaf apart, even
+    `None` (an empty node to JAX) and interned values such as small ints.
+    """
+
+    __slots__ = ("position",)
+
+    def __init__(self, position: _Position):
+        self.position = position
+
+    def __repr__(self) -> str:
+        return f"<leaf at {_where_text(self.position.path)}>"
+
+
+class _EmptyTuple(tuple):
+    """A fresh empty tuple: Python interns `()`, so plain empty tuples at two
+    places in a pytree would be the same object and could not be told apart."""
+
+    __slots__ = ()
+
+
+_AMBIGUOUS: Any = object()
+
+
+def _index_tree(
+    node: Any,
+    path: jtu.KeyPath,
+    is_leaf: Callable[[Any], bool] | None,
+    by_id: dict[int, Any],
+) -> _Position:
+    """Records `node` and everything below it, and builds its marked copy.
+
+    `by_id` maps the `id` of every object in the marked copy to its position
+    (or to `_AMBIGUOUS` when a node type hands out one object for several
+    places). The marked copy is kept alive through `_Position.marked`, so the
+    ids stay valid while `tree_at` runs.
+    """
+    position = _Position(path, node)
+    if node is None or (is_leaf is not None and is_leaf(node)):
+        marked: Any = _LeafMarker(position)
+    else:
+        children, treedef = jtu.tree_flatten_with_path(
+            node, is_leaf=lambda child: child is not node
+        )
+        if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+            marked = _LeafMarker(position)
+        else:
+            position.treedef = treedef
+            position.children = [
+                _index_tree(child, (*path, *keys), is_leaf, by_id)
+                for keys, child in children
+            ]
+            marked = treedef.unflatten([c.marked for c in position.children])
+            if type(marked) is tuple and not marked:
+                marked = _EmptyTuple()
+    position.marked = marked
+    key = id(marked)
+    by_id[key] = _AMBIGUOUS if key in by_id else position
+    return position
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, _LeafMarker):
+        return f"the leaf at {_where_text(obj.position.path)}"
+    text = repr(obj)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"a {type(obj).__name__} ({text})"
+
+
+def _lookup(obj: Any, by_id: dict[int, Any], what: str) -> _Position:
+    found = by_id.get(id(obj))
+    if found is _AMBIGUOUS:
+        raise ValueError(
+            f"tree_at: {what} is {_describe(obj)}, which occurs at several places "
+            "in `pytree` as the very same object, so the place meant cannot be "
+            "told apart. Select its parent node instead."
+        )
+    if found is None or found.marked is not obj:
+        raise ValueError(
+            f"tree_at: {what} is {_describe(obj)}, which is not a node of `pytree`. "
+            "`where` must return nodes or leaves of `pytree` itself (e.g. "
+            "`lambda m: m.layers[0].weight`), not newly built or computed values; "
+            "static fields live in the treedef and cannot be selected."
+        )
+    return found
+
+
+def _select(
+    where: Callable[[Any], Any], pytree: Any, root: _Position, by_id: dict[int, Any]
+) -> tuple[list[_Position], bool]:
+    """Runs `where` and returns the selected positions, and whether `where`
+    returned a sequence of nodes (rather than one node)."""
+    real = where(pytree)
+    try:
+        marked = where(root.marked)
+    except Exception as error:
+        raise ValueError(
+            "tree_at: `where` failed on a copy of `pytree` whose leaves were "
+            f"replaced by placeholders ({type(error).__name__}: {error}). `where` "
+            "must only index into the structure of `pytree` (attributes, items), "
+            "not compute with its leaf values; nodes that `is_leaf` stops at "
+            "count as leaves."
+        ) from error
+    found = by_id.get(id(marked))
+    if found is not None or not isinstance(marked, (list, tuple)):
+        # One node: `marked` itself is in the tree (a list or tuple that is a
+        # node of the tree counts as one node, not as a sequence of nodes).
+        positions = [_lookup(marked, by_id, "what `where` returned")]
+        is_sequence, reals = False, [real]
+    else:
+        positions = [
+            _lookup(item, by_id, f"element {i} of the sequence returned by `where`")
+            for i, item in enumerate(marked)
+        ]
+        is_sequence = True
+        reals = list(real) if isinstance(real, (list, tuple)) else []
+    # `where` ran twice; if the two runs disagree, it looked at leaf values.
+    if len(reals) != len(positions) or any(
+        r is not p.original for r, p in zip(reals, positions)
+    ):
+        raise ValueError(
+            "tree_at: `where` selected different nodes on `pytree` than on a copy "
+            "of it with placeholder leaves, so it depends on leaf values. `where` "
+            "must only use the structure of `pytree`."
+        )
+    seen: set[int] = set()
+    for position in positions:
+        if id(position) in seen:
+            raise ValueError(
+                f"tree_at: `where` selects the node at {_where_text(position.path)} "
+                "more than once."
+            )
+        seen.add(id(position))
+    return positions, is_sequence
+
+
+def _first_selected_below(position: _Position, selected: dict[int, Any]) -> Any:
+    for child in position.children or ():
+        if id(child) in selected:
+            return child
+        below = _first_selected_below(child, selected)
+        if below is not None:
+            return below
+    return None
+
+
+def _rebuild(
+    position: _Position, replacements: dict[int, Callable[[Any], Any]]
+) -> tuple[Any, bool]:
+    """Returns the node at `position` with the replacements applied, and
+    whether anything changed. Unchanged subtrees are returned as they are."""
+    replace = replacements.get(id(position))
+    if replace is not None:
+        nested = _first_selected_below(position, replacements)
+        if nested is not None:
+            raise ValueError(
+                "tree_at: `where` selects both the node at "
+                f"{_where_text(position.path)} and the node at "
+                f"{_where_text(nested.path)} inside it; select only one of them."
+            )
+        return replace(position.original), True
+    if position.children is None:
+        return position.original, False
+    rebuilt = [_rebuild(child, replacements) for child in position.children]
+    if not any(changed for _, changed in rebuilt):
+        return position.original, False
+    return position.treedef.unflatten([node for node, _ in rebuilt]), True
+
+
+def tree_at(
+    where: Callable[[Any], Any],
+    pytree: Any,
+    replace: Any = _MISSING,
+    replace_fn: Callable[[Any], Any] = _MISSING,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> Any:
+    """Returns a copy of `pytree` with the nodes selected by `where` replaced.
+
+    This is how to "modify" an immutable Module: nothing is mutated; the
+    nodes on the way to each selected node are rebuilt (through their pytree
+    flattening, never `setattr`) and every other subtree is shared with
+    `pytree`.
+
+    **Arguments:**
+
+    - `where`: a callable `pytree -> node` or `pytree -> sequence of nodes`
+      (list or tuple), e.g. `lambda m: m.layers[-1].bias`. A node may be a
+      leaf, a `None`, or a whole subtree. `where` may only index into the
+      structure of `pytree`: it is also run on a copy whose leaves are
+      placeholders, which is how `None` leaves and repeated values are told
+      apart.
+    - `pytree`: the pytree to modify; any registered pytree, Modules included.
+    - `replace`: the new value of the selected node; when `where` returns a
+      sequence, a sequence of new values of the same length.
+    - `replace_fn`: instead of `replace`, a callable `old node -> new node`
+      applied to each selected node.
+    - `is_leaf`: nodes to treat as leaves (as for `jax.tree_util.tree_map`);
+      `where` cannot index into them.
+
+    **Returns:** the modified copy of `pytree`.
+
+    **Raises:** `ValueError` when not exactly one of `replace` and `replace_fn`
+    is given; when `where` returns something that is not a node of `pytree`
+    (a freshly built array, a computed value) or depends on leaf values; when
+    it selects a node twice, or a node and another node inside it; or when
+    the number of `replace` values does not match the number of nodes.
+    `TypeError` when `where` or `replace_fn` is not callable.
+
+    ```python
+    >>> import filterax as fx
+    >>> params = {"layers": [1.0, 2.0], "bias": None}
+    >>> fx.tree_at(lambda p: p["layers"][1], params, 5.0)
+    {'bias': None, 'layers': [1.0, 5.0]}
+    >>> fx.tree_at(lambda p: p["bias"], params, 0.0)
+    {'bias': 0.0, 'layers': [1.0, 2.0]}
+    >>> fx.tree_at(lambda p: p["layers"], params, replace_fn=lambda l: l[::-1])
+    {'bias': None, 'layers': [2.0, 1.0]}
+    >>> fx.tree_at(lambda p: (p["bias"], p["layers"][0]), params, (0.0, 3.0))
+    {'bias': 0.0, 'layers': [3.0, 2.0]}
+
+    ```
+    """
+    if not callable(where):
+        raise TypeError(f"tree_at: `where` must be a callable, got {where!r}.")
+    has_replace = replace is not _MISSING
+    has_replace_fn = replace_fn is not _MISSING
+    if has_replace == has_replace_fn:
+        given = "both" if has_replace else "neither"
+        raise ValueError(
+            f"tree_at needs exactly one of `replace` and `replace_fn`; got {given}."
+        )
+    if has_replace_fn and not callable(replace_fn):
+        raise TypeError(f"tree_at: `replace_fn` must be callable, got {replace_fn!r}.")
+
+    by_id: dict[int, Any] = {}
+    root = _index_tree(pytree, (), is_leaf, by_id)
+    positions, is_sequence = _select(where, pytree, root, by_id)
+
+    if has_replace_fn:
+        functions = [replace_fn] * len(positions)
+    elif not is_sequence:
+        functions = [lambda _: replace]
+    else:
+        if not isinstance(replace, (list, tuple)):
+            raise ValueError(
+                f"tree_at: `where` returned a sequence of {len(positions)} nodes, so "
+                "`replace` must be a list or tuple of as many values; got "
+                f"{type(replace).__name__}."
+            )
+        if len(replace) != len(positions):
+            raise ValueError(
+                f"tree_at: `where` returned {len(positions)} nodes but `replace` "
+                f"has {len(replace)} values."
+            )
+        functions = [lambda _, value=value: value for value in replace]
+
+    replacements = {id(p): fn for p, fn in zip(positions, functions)}
+    out, _ = _rebuild(root, replacements)
+    return out
+
+
+# --------------------------------------------------------------------- tree_equal
+
+
+def _is_tracer(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _exact(dtype: Any, rtol: float, atol: float) -> bool:
+    """Whether to compare exactly: no tolerance given, or a non-numeric dtype
+    (bool, float0, key data) that tolerances mean nothing for."""
+    return (rtol == 0 and atol == 0) or not jax.dtypes.issubdtype(dtype, np.number)
+
+
+def _numpy_values_equal(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> bool:
+    if _exact(x.dtype, rtol, atol):
+        return bool(np.array_equal(x, y))
+    wide = np.complex128 if np.iscomplexobj(x) else np.float64
+    return bool(
+        np.all(np.isclose(x.astype(wide), y.astype(wide), rtol=rtol, atol=atol))
+    )
+
+
+def _arrays_equal(x: Any, y: Any, rtol: float, atol: float) -> Any:
+    """Compares two arrays of the same shape and dtype by value; a traced
+    `bool` array when either is a tracer, a Python `bool` otherwise."""
+    if is_key_array(x):
+        # Same dtype means same implementation; compare the raw key bits.
+        x, y = jax.random.key_data(x), jax.random.key_data(y)
+        rtol = atol = 0.0
+    if _is_tracer(x) or _is_tracer(y):
+        if _exact(x.dtype, rtol, atol):
+            return jnp.all(x == y)
+        return jnp.allclose(x, y, rtol=rtol, atol=atol)
+    return _numpy_values_equal(np.asarray(x), np.asarray(y), rtol, atol)
+
+
+def _leaves_equal(x: Any, y: Any, typematch: bool, rtol: float, atol: float) -> Any:
+    if typematch and type(x) is not type(y):
+        return False
+    x_array, y_array = is_array(x), is_array(y)
+    if x_array or y_array:
+        if not (x_array and y_array):
+            return False
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        return _arrays_equal(x, y, rtol, atol)
+    numbers = (int, float, complex)
+    if (
+        (rtol != 0 or atol != 0)
+        and isinstance(x, numbers)
+        and isinstance(y, numbers)
+        and not isinstance(x, bool)
+        and not isinstance(y, bool)
+    ):
+        return bool(np.isclose(x, y, rtol=rtol, atol=atol))
+    try:
+        return bool(x == y)
+    except Exception:
+        # `==` gave no truth value (e.g. an array-like object): not equal.
+        return False
+
+
+def tree_equal(
+    *pytrees: Any, typematch: bool = False, rtol: float = 0.0, atol: float = 0.0
+) -> Any:
+    """Whether all `pytrees` have the same structure and equal leaves.
+
+    Arrays (JAX or NumPy, compared with each other by value) are equal when
+    their shapes, dtypes and values are; with `rtol`/`atol`, numeric values
+    are compared as by `numpy.allclose` (booleans and other non-numeric dtypes
+    stay exact). NaN is never equal to anything, NaN included, as
+    for `==`. Typed key arrays are equal when their implementations (part of
+    the dtype) and key data are. An array is never equal to a non-array. Other
+    leaves are compared with `==` (Python numbers with the tolerances, when
+    given).
+
+    **Arguments:**
+
+    - `*pytrees`: one or more pytrees.
+    - `typematch`: also require the leaves at each position to have exactly
+      the same type (so a NumPy array never equals a JAX array, nor `1` `1.0`).
+    - `rtol`, `atol`: relative and absolute tolerance for inexact values.
+
+    **Returns:** a Python `bool`; or, when the answer depends on traced values
+    (inside `jax.jit` and friends), a scalar boolean JAX array. A difference
+    found without looking at traced values still gives `False`.
+
+    **Raises:** `TypeError` when no pytree is given.
+
+    ```python
+    >>> import jax.numpy as jnp, numpy as np
+    >>> import filterax as fx
+    >>> fx.tree_equal({"w": jnp.ones(2), "n": 3}, {"w": np.ones(2, np.float32), "n": 3})
+    True
+    >>> fx.tree_equal([jnp.ones(2)], [jnp.ones(3)])
+    False
+    >>> fx.tree_equal(jnp.array(1.0), jnp.array(1.001), rtol=1e-2)
+    True
+
+    ```
+    """
+    if not pytrees:
+        raise TypeError("tree_equal() needs at least one pytree.")
+    first_leaves, first_def = jtu.tree_flatten(pytrees[0])
+    traced: Any = True
+    for other in pytrees[1:]:
+        leaves, treedef = jtu.tree_flatten(other)
+        try:
+            same_structure = bool(treedef == first_def)
+        except Exception:  # static metadata whose `==` has no truth value
+            same_structure = False
+        if not same_structure:
+            return False
+        for x, y in zip(first_leaves, leaves):
+            equal = _leaves_equal(x, y, typematch, rtol, atol)
+            if equal is False:
+                return False
+            if equal is not True:
+                traced = equal if traced is True else traced & equal
+    return traced
