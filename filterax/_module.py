@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import functools
 import re
-import sys
 import types
-import warnings
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, get_origin
 
 import jax.tree_util as jtu
 
-from ._compat import register_dataclass_node
-from ._filters import is_array
+from ._bound_method import BoundMethod, MethodDescriptor
+from ._construction import (
+    ClassPlan,
+    StaticArrayWarning,
+    guard_replaced_init,
+    make_generated_init,
+    module_delattr,
+    module_setattr,
+    unpickle,
+    wrap_custom_init,
+)
 
 __all__ = [
     "AbstractClassVar",
@@ -27,10 +33,6 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-
-
-class StaticArrayWarning(UserWarning):
-    """Warned once per field when a JAX or NumPy array is stored in a static field."""
 
 
 def field(
@@ -142,133 +144,6 @@ def _abstract_kind(annotation: Any) -> str | None:
     return None
 
 
-# --- Bound methods ---------------------------------------------------------------
-
-
-class BoundMethod:
-    """A method bound to a Module instance, itself a pytree.
-
-    Its only child is the instance, so `jax.tree.leaves(model.method)` sees the
-    model's arrays and `filter_jit(model.method)` traces them.
-
-    ```python
-    >>> import jax, jax.numpy as jnp
-    >>> import filterax as fx
-    >>> class Affine(fx.Module):
-    ...     w: jax.Array
-    ...     def apply(self, x):
-    ...         return self.w * x
-    >>> model = Affine(jnp.array(2.0))
-    >>> jax.tree.leaves(model.apply)
-    [Array(2., dtype=float32, weak_type=True)]
-    >>> model.apply(3.0)
-    Array(6., dtype=float32, weak_type=True)
-
-    ```
-    """
-
-    __slots__ = ("__func__", "__self__")
-
-    def __init__(self, func: Callable[..., Any], instance: Any):
-        self.__func__ = func
-        self.__self__ = instance
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.__func__(self.__self__, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        # `__name__`, `__qualname__`, `__doc__`, `__module__`... of the function.
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-            return getattr(self.__func__, name)
-        raise AttributeError(name)
-
-    @property
-    def __wrapped__(self) -> Callable[..., Any]:
-        return functools.partial(self.__func__, self.__self__)
-
-    def __eq__(self, other: object) -> Any:
-        if type(other) is not BoundMethod:
-            return NotImplemented
-        return self.__func__ == other.__func__ and self.__self__ == other.__self__
-
-    def __hash__(self) -> int:
-        return hash((BoundMethod, self.__func__, self.__self__))
-
-    def __repr__(self) -> str:
-        return f"<bound method {self.__func__.__qualname__} of {self.__self__!r}>"
-
-
-jtu.register_pytree_with_keys(
-    BoundMethod,
-    lambda m: (((jtu.GetAttrKey("__self__"), m.__self__),), m.__func__),
-    lambda func, children: BoundMethod(func, children[0]),
-    flatten_func=lambda m: ((m.__self__,), m.__func__),
-)
-
-
-class _MethodDescriptor:
-    """Class-level stand-in for a plain method: instance access binds it into a
-    `BoundMethod` pytree; class access gives back the function itself."""
-
-    __slots__ = ("__func__",)
-
-    def __init__(self, func: Callable[..., Any]):
-        self.__func__ = func
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        if instance is None:
-            return self.__func__
-        return BoundMethod(self.__func__, instance)
-
-    @property
-    def __isabstractmethod__(self) -> bool:
-        return getattr(self.__func__, "__isabstractmethod__", False)
-
-    @property
-    def __doc__(self) -> str | None:  # type: ignore[override]
-        return self.__func__.__doc__
-
-    @property
-    def __wrapped__(self) -> Callable[..., Any]:
-        return self.__func__
-
-
-# --- Construction ----------------------------------------------------------------
-
-# JAX unflattens a C++ dataclass node by calling `cls(**fields)`. It also passes
-# this extra meta field, whose value (read from the class attribute below) is a
-# private token: that is how `_ModuleMeta.__call__` recognises an unflatten and
-# skips `__init__`, converters and checks, as unflattening must.
-_UNFLATTEN_FIELD = "__class__"
-
-
-class _UnflattenToken:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<filterax.Module>"
-
-
-_UNFLATTEN_TOKEN = _UnflattenToken()
-
-# Instances whose custom `__init__` (or `__post_init__`) is running, by `id`:
-# only these accept attribute assignment.
-_INITIALISING: set[int] = set()
-
-_object_new = object.__new__
-_object_setattr = object.__setattr__
-_warned_static_arrays: set[tuple[type, str]] = set()
-
-
-@dataclasses.dataclass(frozen=True)
-class _ClassPlan:
-    """What `_ModuleMeta.__call__` needs to know about one Module class."""
-
-    abstract_error: str | None
-    guards_assignment: bool
-    finish: Callable[[Any], None] | None
-
-
 def _is_dunder(name: str) -> bool:
     return name.startswith("__") and name.endswith("__")
 
@@ -318,163 +193,9 @@ def _init_is_custom(cls: type, namespace: dict[str, Any]) -> bool:
     return False
 
 
-def _make_init(cls: type, fields: tuple[dataclasses.Field, ...]) -> Callable[..., None]:
-    """Generates a dataclass-style `__init__` that stores into `__dict__` directly
-    and applies converters; faster than a frozen dataclass's own."""
-    positional, keyword, body = [], [], []
-    defaults: dict[str, Any] = {}
-    closure: dict[str, Any] = {"_FACTORY": _FACTORY}
-    annotations: dict[str, Any] = {}
-    seen_default = False
-    for f in fields:
-        if not f.init:
-            if f.default is not dataclasses.MISSING:
-                closure[f"_default_{f.name}"] = f.default
-                body.append(f"  _d[{f.name!r}] = _default_{f.name}")
-            elif f.default_factory is not dataclasses.MISSING:
-                closure[f"_factory_{f.name}"] = f.default_factory
-                body.append(f"  _d[{f.name!r}] = _factory_{f.name}()")
-            continue
-        annotations[f.name] = f.type
-        has_default = (
-            f.default is not dataclasses.MISSING
-            or f.default_factory is not dataclasses.MISSING
-        )
-        if f.default_factory is not dataclasses.MISSING:
-            closure[f"_factory_{f.name}"] = f.default_factory
-            defaults[f.name] = _FACTORY
-            body.append(f"  if {f.name} is _FACTORY: {f.name} = _factory_{f.name}()")
-        elif f.default is not dataclasses.MISSING:
-            defaults[f.name] = f.default
-        if f.kw_only:
-            keyword.append(f.name)
-        else:
-            if seen_default and not has_default:
-                raise TypeError(
-                    f"{cls.__qualname__}: field {f.name!r} without a default follows "
-                    "a field with a default; give it a default or mark it kw_only."
-                )
-            seen_default = seen_default or has_default
-            positional.append(f.name)
-        value = f.name
-        converter = f.metadata.get("converter")
-        if converter is not None:
-            closure[f"_convert_{f.name}"] = converter
-            value = f"_convert_{f.name}({f.name})"
-        body.append(f"  _d[{f.name!r}] = {value}")
-    params = ["self", *positional]
-    if keyword:
-        params += ["*", *keyword]
-    lines = [f"def __init__({', '.join(params)}):", "  _d = self.__dict__", *body]
-    if "__post_init__" in dir(cls):
-        lines.append("  self.__post_init__()")
-    names = ", ".join(closure)
-    source = f"def _build({names}):\n" + "\n".join(" " + line for line in lines)
-    source += "\n return __init__\n"
-    module_globals = getattr(sys.modules.get(cls.__module__), "__dict__", {})
-    namespace: dict[str, Any] = {}
-    # Executed with the class's module globals, as dataclasses does, so string
-    # annotations (`from __future__ import annotations`) resolve for jaxtyping.
-    exec(source, module_globals, namespace)  # noqa: S102
-    init = namespace["_build"](**closure)
-    init.__defaults__ = tuple(defaults[n] for n in positional if n in defaults) or None
-    init.__kwdefaults__ = {n: defaults[n] for n in keyword if n in defaults} or None
-    init.__annotations__ = {**annotations, "return": None}
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
-    return init
-
-
-class _FactorySentinel:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<factory>"
-
-
-_FACTORY = _FactorySentinel()
-
-
-def _make_finish(
-    cls: type,
-    fields: tuple[dataclasses.Field, ...],
-    custom_init: bool,
-) -> Callable[[Any], None] | None:
-    """The checks that run once the outermost `__init__` returns, or `None` when
-    a class needs none (so construction pays nothing for them)."""
-    check_inits = tuple(
-        k.__dict__["__check_init__"]
-        for k in cls.__mro__
-        if "__check_init__" in k.__dict__
-    )
-    static_names = tuple(f.name for f in fields if f.metadata.get("static", False))
-    must_be_set = tuple(
-        f.name
-        for f in fields
-        if custom_init
-        or (
-            not f.init
-            and f.default is dataclasses.MISSING
-            and f.default_factory is dataclasses.MISSING
-        )
-    )
-    if not (check_inits or static_names or must_be_set):
-        return None
-
-    def finish(self: Any) -> None:
-        values = self.__dict__
-        if must_be_set:
-            missing = [name for name in must_be_set if name not in values]
-            if missing:
-                raise TypeError(
-                    f"{type(self).__qualname__}.__init__ did not set the field(s) "
-                    f"{', '.join(map(repr, missing))}; assign every field "
-                    "(`self.name = value`) before __init__ returns."
-                )
-        for name in static_names:
-            if is_array(values[name]) and (cls, name) not in _warned_static_arrays:
-                _warned_static_arrays.add((cls, name))
-                warnings.warn(
-                    f"{cls.__qualname__}.{name} is a static field holding an array. "
-                    "Static fields are compile-time constants hashed on every "
-                    "transform call; store arrays in ordinary fields, or wrap them "
-                    "in filterax.NonDifferentiable to exclude them from gradients.",
-                    StaticArrayWarning,
-                    stacklevel=3,
-                )
-        for check in check_inits:
-            check(self)
-
-    return finish
-
-
-def _module_setattr(self, name: str, value: Any) -> None:
-    if id(self) in _INITIALISING:
-        assign = type(self).__filterax_assign__
-        if name not in assign:
-            raise AttributeError(
-                f"{type(self).__qualname__} has no field {name!r}; declare it "
-                f"in the class body (`{name}: <type>`) before assigning it."
-            )
-        converter = assign[name]
-        self.__dict__[name] = value if converter is None else converter(value)
-        return
-    raise dataclasses.FrozenInstanceError(
-        f"cannot assign to field {name!r}: {type(self).__qualname__} is "
-        "immutable after __init__; use filterax.tree_at or dataclasses.replace "
-        "to make a modified copy."
-    )
-
-
-def _module_delattr(self, name: str) -> None:
-    raise dataclasses.FrozenInstanceError(
-        f"cannot delete field {name!r}: {type(self).__qualname__} is immutable."
-    )
-
-
 class _ModuleMeta(abc.ABCMeta):
-    """Makes every `Module` subclass a frozen dataclass and a C++-registered
-    pytree, and runs the post-`__init__` checks."""
+    """Makes every `Module` subclass a frozen dataclass whose `__init__` carries
+    the construction hooks (see `_construction`)."""
 
     def __new__(
         mcs,
@@ -491,21 +212,23 @@ class _ModuleMeta(abc.ABCMeta):
                 )
         cls = super().__new__(mcs, name, bases, namespace, **kwargs)
         abstract_vars, abstract_class_vars = _strip_abstract_annotations(cls)
-        cls.__filterax_abstract_vars__ = abstract_vars
-        cls.__filterax_abstract_class_vars__ = abstract_class_vars
         custom_init = _init_is_custom(cls, namespace)
-        cls.__filterax_custom_init__ = custom_init
+
+        def set_attribute(attr: str, value: Any) -> None:
+            type.__setattr__(cls, attr, value)
+
+        set_attribute("__filterax_abstract_vars__", abstract_vars)
+        set_attribute("__filterax_abstract_class_vars__", abstract_class_vars)
+        set_attribute("__filterax_custom_init__", custom_init)
         dataclasses.dataclass(cls, init=False, repr=False, eq=False, frozen=True)
         # The frozen dataclass refuses all assignment; ours also allows it while
         # a custom __init__ runs.
-        cls.__setattr__ = _module_setattr
-        cls.__delattr__ = _module_delattr
+        set_attribute("__setattr__", module_setattr)
+        set_attribute("__delattr__", module_delattr)
         fields = dataclasses.fields(cls)
-        if not custom_init:
-            cls.__init__ = _make_init(cls, fields)
         for attr_name, value in namespace.items():
             if isinstance(value, types.FunctionType) and not _is_dunder(attr_name):
-                setattr(cls, attr_name, _MethodDescriptor(value))
+                set_attribute(attr_name, MethodDescriptor(value))
         unresolved = _unresolved_abstract(cls, {f.name for f in fields})
         abstract_error = None
         if unresolved:
@@ -514,39 +237,23 @@ class _ModuleMeta(abc.ABCMeta):
                 + ", ".join(f"{u} is not provided" for u in unresolved)
                 + "."
             )
-        cls.__filterax_plan__ = _ClassPlan(
-            abstract_error=abstract_error,
-            guards_assignment=custom_init or hasattr(cls, "__post_init__"),
-            finish=_make_finish(cls, fields, custom_init),
+        plan = ClassPlan(cls, custom_init, abstract_error)
+        set_attribute("__filterax_plan__", plan)
+        set_attribute(
+            "__filterax_assign__", {f.name: f.metadata.get("converter") for f in fields}
         )
-        cls.__filterax_assign__ = {f.name: f.metadata.get("converter") for f in fields}
-        data_fields = [f.name for f in fields if not f.metadata.get("static", False)]
-        meta_fields = [f.name for f in fields if f.metadata.get("static", False)]
-        register_dataclass_node(cls, data_fields, [*meta_fields, _UNFLATTEN_FIELD])
+        if "__init__" in namespace:
+            set_attribute("__init__", wrap_custom_init(namespace["__init__"]))
+        elif not custom_init:
+            set_attribute("__init__", make_generated_init(cls, plan))
         return cls
 
-    def __call__(cls, /, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.pop(_UNFLATTEN_FIELD, None) is cls:
-            self = _object_new(cls)
-            # `kwargs` is a fresh dict holding exactly the fields: adopt it.
-            _object_setattr(self, "__dict__", kwargs)
-            return self
-        plan = cls.__filterax_plan__
-        if plan.abstract_error is not None:
-            raise TypeError(plan.abstract_error)
-        self = cls.__new__(cls)
-        if plan.guards_assignment:
-            key = id(self)
-            _INITIALISING.add(key)
-            try:
-                self.__init__(*args, **kwargs)
-            finally:
-                _INITIALISING.discard(key)
-        else:
-            self.__init__(*args, **kwargs)
-        if plan.finish is not None:
-            plan.finish(self)
-        return self
+    def __setattr__(cls, name: str, value: Any) -> None:
+        if name == "__init__":
+            # A decorator replacing __init__ (jaxtyping's `jaxtyped`) must not
+            # see JAX's unflatten calls.
+            value = guard_replaced_init(cls, value)
+        super().__setattr__(name, value)
 
 
 class Module(metaclass=_ModuleMeta):
@@ -588,8 +295,6 @@ class Module(metaclass=_ModuleMeta):
     ```
     """
 
-    __filterax_unflatten__ = _UNFLATTEN_TOKEN
-
     def __repr__(self) -> str:
         from ._pretty import tree_pformat
 
@@ -603,3 +308,6 @@ class Module(metaclass=_ModuleMeta):
     def __hash__(self) -> int:
         leaves, treedef = jtu.tree_flatten(self)
         return hash((treedef, tuple(leaves)))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return unpickle, (type(self), dict(self.__dict__))

@@ -166,7 +166,7 @@ def test_init_state_does_not_leak_after_a_failing_init():
 
     with pytest.raises(RuntimeError):
         Failing()
-    assert fx._module._INITIALISING == set()
+    assert fx._construction._INITIALISING == set()
 
 
 def test_subclass_custom_init_calls_parent_init():
@@ -549,7 +549,7 @@ def test_concurrent_construction_with_custom_init_is_safe():
     for thread in threads:
         thread.join()
     assert errors == []
-    assert fx._module._INITIALISING == set()
+    assert fx._construction._INITIALISING == set()
 
 
 def test_import_hook_checks_module_fields(tmp_path, monkeypatch):
@@ -567,3 +567,49 @@ def test_import_hook_checks_module_fields(tmp_path, monkeypatch):
     hooked_models.Pair(jnp.ones(2), jnp.ones(2))
     with pytest.raises(Exception, match="right"):
         hooked_models.Pair(jnp.ones(2), jnp.ones(3))
+
+
+def test_unknown_keyword_to_a_class_with_checks_is_a_type_error():
+    class Checked(fx.Module):
+        a: int
+
+        def __check_init__(self):
+            pass
+
+    with pytest.raises(TypeError, match="unexpected keyword argument 'b'"):
+        Checked(a=1, b=2)
+
+
+def test_naming_every_field_by_keyword_still_runs_converters_and_checks():
+    class Converted(fx.Module):
+        a: jax.Array = fx.field(converter=jnp.asarray)
+
+    assert isinstance(Converted(a=1.0).a, jax.Array)
+
+
+def test_unpickling_registers_a_class_never_constructed_in_this_process():
+    class Fresh(fx.Module):
+        weight: jax.Array
+
+    assert not Fresh.__filterax_plan__.registered
+    restored = fx._construction.unpickle(Fresh, {"weight": jnp.ones(2)})
+    assert len(jtu.tree_leaves(restored)) == 1
+
+
+def test_replacing_init_after_registration_keeps_unflatten_working():
+    class Plain(fx.Module):
+        weight: jax.Array
+
+    model = Plain(jnp.ones(2))  # registers the class without the marker
+    calls = []
+    original = Plain.__init__
+
+    def logging_init(self, *args, **kwargs):
+        calls.append(kwargs)
+        original(self, *args, **kwargs)
+
+    Plain.__init__ = logging_init
+    rebuilt = jtu.tree_map(lambda _: None, model)
+    assert rebuilt.weight is None and calls == []
+    Plain(jnp.zeros(2))
+    assert len(calls) == 1
