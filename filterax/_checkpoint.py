@@ -1,0 +1,84 @@
+"""`filter_checkpoint`: rematerialisation (`jax.checkpoint`) for functions of
+arbitrary pytrees."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from ._ad_utils import FunctionWrapper
+from ._filters import combine, is_array, partition
+from ._static import Static
+
+__all__ = ["filter_checkpoint"]
+
+
+class _Checkpointed(FunctionWrapper):
+    _transform_name = "filter_checkpoint"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        prevent_cse, policy = self.options
+        arrays, objects = partition((args, kwargs), is_array)
+        fun = self.fun
+
+        def array_part(arrays: Any, objects: Static) -> tuple[Any, Static]:
+            call_args, call_kwargs = combine(arrays, objects.value)
+            out_arrays, out_objects = partition(
+                fun(*call_args, **call_kwargs), is_array
+            )
+            return out_arrays, Static(out_objects)
+
+        checkpointed = jax.checkpoint(
+            array_part, prevent_cse=prevent_cse, policy=policy
+        )
+        out_arrays, out_objects = checkpointed(arrays, Static(objects))
+        return combine(out_arrays, out_objects.value)
+
+
+def filter_checkpoint(
+    fun: Callable | None = None,
+    *,
+    prevent_cse: bool = True,
+    policy: Callable[..., bool] | None = None,
+) -> Callable:
+    """Gradient checkpointing (`jax.checkpoint`) for functions of any pytrees.
+
+    When differentiated in reverse mode, the intermediate values of `fun` are
+    not stored for the backward pass but recomputed from its inputs, trading
+    compute for memory. Array leaves of the arguments are traced; every other
+    leaf is passed through as a Python value. `fun` may return any pytree.
+
+    **Arguments:**
+
+    - `fun`: the function to checkpoint, called as `fun(*args, **kwargs)`.
+    - `prevent_cse`: stop XLA's common-subexpression elimination from undoing
+      the rematerialisation (see `jax.checkpoint`). Setting it to `False` is
+      safe, and faster, inside `jax.lax.scan`.
+    - `policy`: which intermediates may be saved rather than recomputed; one of
+      `jax.checkpoint_policies`.
+
+    Use as `filter_checkpoint(fun)`, `@filter_checkpoint` or
+    `@filter_checkpoint(policy=...)`.
+
+    **Returns:** a function with `fun`'s signature and outputs.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> @fx.filter_checkpoint
+    ... def block(params, x):
+    ...     return jnp.tanh(params["w"] * x) if params["act"] == "tanh" else x
+    >>> params = {"w": jnp.ones(()) * 2, "act": "tanh"}
+    >>> fx.filter_grad(lambda p: block(p, 0.5))(params)
+    {'act': None, 'w': Array(0.2099..., dtype=float32)}
+
+    ```
+    """
+    if fun is None:
+        return functools.partial(
+            filter_checkpoint, prevent_cse=prevent_cse, policy=policy
+        )
+    return _Checkpointed(fun, (prevent_cse, policy))
