@@ -371,8 +371,7 @@ def module_setattr(self: Any, name: str, value: Any) -> None:
         return
     raise dataclasses.FrozenInstanceError(
         f"cannot assign to field {name!r}: {type(self).__qualname__} is "
-        "immutable after __init__; use filterax.tree_at or dataclasses.replace "
-        "to make a modified copy."
+        "immutable after __init__; use filterax.tree_at to make a modified copy."
     )
 
 

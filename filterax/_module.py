@@ -290,7 +290,7 @@ class Module(metaclass=_ModuleMeta):
     >>> model.bias = jnp.ones(8)
     Traceback (most recent call last):
     ...
-    dataclasses.FrozenInstanceError: cannot assign to field 'bias': Linear is immutable after __init__; use filterax.tree_at or dataclasses.replace to make a modified copy.
+    dataclasses.FrozenInstanceError: cannot assign to field 'bias': Linear is immutable after __init__; use filterax.tree_at to make a modified copy.
 
     ```
     """

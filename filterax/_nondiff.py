@@ -17,6 +17,7 @@ __all__ = [
     "freeze",
     "is_non_differentiable",
     "partition_differentiable",
+    "trainable",
     "unfreeze",
 ]
 
@@ -195,6 +196,32 @@ def partition_differentiable(pytree: Any) -> tuple[Any, Any]:
     second holds the rest. `combine` of the two rebuilds `pytree`.
     """
     return partition(pytree, is_inexact_array, is_leaf=is_non_differentiable)
+
+
+def trainable(pytree: Any) -> Any:
+    """The part of `pytree` that the filtered differentiation transforms act on.
+
+    Keeps the inexact arrays outside any [`NonDifferentiable`][filterax.NonDifferentiable]
+    and puts `None` everywhere else (a whole wrapper becomes one `None`), so it
+    has exactly the structure of a [`filter_grad`][filterax.filter_grad] result.
+    Initialise optimisers with it: `optimiser.init(fx.trainable(model))`.
+
+    **Arguments:**
+
+    - `pytree`: any pytree, typically a Module.
+
+    **Returns:** a pytree of the same structure as `pytree`.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> params = {"w": jnp.ones(2), "buffer": fx.NonDifferentiable(jnp.zeros(2)), "n": 3}
+    >>> fx.trainable(params)
+    {'buffer': None, 'n': None, 'w': Array([1., 1.], dtype=float32)}
+
+    ```
+    """
+    return partition_differentiable(pytree)[0]
 
 
 def _wrap_once(node: Any) -> Any:

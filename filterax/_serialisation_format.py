@@ -87,7 +87,9 @@ def shape_str(dtype: str, shape: tuple[int, ...]) -> str:
 
 
 def with_article(phrase: str) -> str:
-    return f"{'an' if phrase[:1] in 'aeiou' else 'a'} {phrase}"
+    # "a uint32 array" is said with a consonant sound, "an int32 array" not.
+    vowel_sound = phrase[:1] in "aeiou" and not phrase.startswith(("uint", "uni"))
+    return f"{'an' if vowel_sound else 'a'} {phrase}"
 
 
 @dataclasses.dataclass(frozen=True)
