@@ -123,9 +123,8 @@ def loss_fn(model: Model, x: jax.Array, y: jax.Array) -> jax.Array:
 
 def differentiable_part(model: Model) -> Model:
     """The leaves an optimiser should see: inexact arrays outside any
-    NonDifferentiable (`is_leaf` stops `filter` at the wrappers, so each one
-    becomes a single `None`, as in the gradients)."""
-    return fx.filter(model, fx.is_inexact_array, is_leaf=fx.is_non_differentiable)
+    NonDifferentiable, with a single `None` per wrapper, as in the gradients."""
+    return fx.trainable(model)
 
 
 @fx.filter_jit
