@@ -15,7 +15,15 @@ class BoundMethod:
     """A method bound to a Module instance, itself a pytree.
 
     Its only child is the instance, so `jax.tree.leaves(model.method)` sees the
-    model's arrays and `filter_jit(model.method)` traces them.
+    model's arrays and `filter_jit(model.method)` traces them. Built for you when
+    a plain method is read from a Module instance.
+
+    **Arguments:**
+
+    - `func`: the function defined in the class body.
+    - `instance`: the Module instance it is bound to.
+
+    **Returns:** a callable pytree; calling it calls `func(instance, ...)`.
 
     ```python
     >>> import jax, jax.numpy as jnp

@@ -28,6 +28,8 @@ def clear_caches() -> None:
     again. Useful to bound memory in long-running processes that compile many
     distinct functions, and in tests that count traces.
 
+    **Arguments:** none.
+
     **Returns:** `None`.
 
     ```python

@@ -49,7 +49,29 @@ _warned_static_arrays: set[tuple[type, str]] = set()
 
 
 class StaticArrayWarning(UserWarning):
-    """Warned once per field when a JAX or NumPy array is stored in a static field."""
+    """Warned once per field when a JAX or NumPy array is stored in a static field.
+
+    A static field lives in the treedef and is hashed on every transform call, so
+    arrays belong in ordinary fields (or in a `NonDifferentiable`).
+
+    **Arguments:** the message, as for `UserWarning`.
+
+    **Returns:** a warning instance (raised through `warnings.warn`).
+
+    ```python
+    >>> import warnings
+    >>> import numpy as np
+    >>> import filterax as fx
+    >>> class Table(fx.Module):
+    ...     values: np.ndarray = fx.field(static=True)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     _ = Table(np.arange(3))
+    >>> caught[0].category.__name__
+    'StaticArrayWarning'
+
+    ```
+    """
 
 
 class ClassPlan:

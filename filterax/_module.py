@@ -89,6 +89,10 @@ class AbstractVar(Generic[_T]):
     the same name, a class attribute, or a property; instantiating a class that
     leaves it unresolved raises `TypeError`.
 
+    **Arguments:** the attribute's type, as a subscript: `AbstractVar[T]`.
+
+    **Returns:** an annotation; it is never instantiated.
+
     ```python
     >>> import filterax as fx
     >>> class Shape(fx.Module):
@@ -111,6 +115,10 @@ class AbstractClassVar(Generic[_T]):
 
     Like [`AbstractVar`][filterax.AbstractVar], but only a class attribute
     (for example `name: ClassVar[str] = "relu"`) resolves it, not a field.
+
+    **Arguments:** the attribute's type, as a subscript: `AbstractClassVar[T]`.
+
+    **Returns:** an annotation; it is never instantiated.
 
     ```python
     >>> from typing import ClassVar
@@ -268,6 +276,11 @@ class Module(metaclass=_ModuleMeta):
     [`BoundMethod`][filterax.BoundMethod]). `==` is
     [`tree_equal`][filterax.tree_equal]; `hash` works when every leaf is
     hashable; `repr` is [`tree_pformat`][filterax.tree_pformat].
+
+    **Arguments:** a subclass's constructor takes its fields, in declaration
+    order (positionally or by keyword), unless the subclass writes `__init__`.
+
+    **Returns:** an immutable instance; `Module` itself is only subclassed.
 
     ```python
     >>> import jax, jax.numpy as jnp

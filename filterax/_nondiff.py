@@ -69,6 +69,8 @@ class NonDifferentiable:
 
     - `value`: anything.
 
+    **Returns:** the wrapper, a pytree node whose child is `value`.
+
     ```python
     >>> import jax.numpy as jnp
     >>> import filterax as fx

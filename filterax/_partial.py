@@ -18,6 +18,9 @@ class Partial(Module):
       method contributes its arrays).
     - `*args`, `**kwargs`: leading positional and keyword arguments to bind.
 
+    **Returns:** a callable Module: `partial(*more, **kw)` calls
+    `func(*args, *more, **kwargs, **kw)`.
+
     ```python
     >>> import jax, jax.numpy as jnp
     >>> import filterax as fx

@@ -65,6 +65,8 @@ class SerialisationError(ValueError):
 
     **Arguments:** the message, as for `ValueError`.
 
+    **Returns:** an exception instance, to raise.
+
     ```python
     >>> import io
     >>> import filterax as fx

@@ -45,6 +45,8 @@ class SymbolicZero:
       PRNG-key dtypes are recorded as `jax.dtypes.float0`, the cotangent dtype
       JAX uses for them.
 
+    **Returns:** the marker; `.materialize()` turns it into concrete zeros.
+
     ```python
     >>> import jax.numpy as jnp
     >>> import filterax as fx
