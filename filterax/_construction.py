@@ -6,18 +6,25 @@ Construction runs through `type.__call__` (C) straight into the class's
 Python frame to build, like a dataclass.
 
 JAX unflattens a C++ dataclass node by calling `cls(**fields)`, which must not
-run `__init__` logic (converters, checks, jaxtyping's argument checks). For a
-*plain* class (generated `__init__`, no converters, no checks) storing the
-fields is all `__init__` does, so the call needs nothing special. Any other
-class is registered with one extra meta field, `__class__`, whose value is the
-class itself: finding it among the keyword arguments is how `__init__`
-recognises an unflatten and just stores the fields.
+run `__init__` logic (converters, checks, jaxtyping's argument checks). Three
+cases, decided when the class is registered (see `ClassPlan.register`):
+
+- A *plain* class (generated `__init__`, no converters, no checks): storing the
+  fields is all `__init__` does, so the call needs nothing special.
+- A custom `__init__` that cannot be called with every field by keyword (the
+  usual `Linear(in_size, out_size, key)`): such a call can only be an
+  unflatten, and the `__init__` wrapper recognises it by its keywords.
+- Anything else is registered with one extra meta field, `__class__`, whose
+  value is the class itself: finding it among the keyword arguments is how
+  `__init__` recognises an unflatten. It costs a little on every flatten, so it
+  is only used where the keywords alone would be ambiguous.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import sys
 import threading
 import warnings
@@ -46,6 +53,7 @@ _REGISTRATION_LOCK = threading.Lock()
 _INITIALISING: set[int] = set()
 
 _warned_static_arrays: set[tuple[type, str]] = set()
+_object_setattr = object.__setattr__
 
 
 class StaticArrayWarning(UserWarning):
@@ -80,6 +88,8 @@ class ClassPlan:
     __slots__ = (
         "abstract_error",
         "data_fields",
+        "field_count",
+        "field_names",
         "finish",
         "generated_init",
         "meta_fields",
@@ -94,6 +104,8 @@ class ClassPlan:
         self.finish = _make_finish(cls, fields, custom_init)
         self.data_fields = [f.name for f in fields if not f.metadata.get("static")]
         self.meta_fields = [f.name for f in fields if f.metadata.get("static")]
+        self.field_names = frozenset(f.name for f in fields)
+        self.field_count = len(self.field_names)
         self.plain = not (
             custom_init
             or abstract_error
@@ -115,12 +127,33 @@ class ClassPlan:
         with _REGISTRATION_LOCK:
             if self.registered:
                 return
+            init = cls.__init__
             self.uses_marker = not (
-                self.plain and cls.__dict__.get("__init__") is self.generated_init
+                (self.plain and init is self.generated_init)
+                or (
+                    getattr(init, "__filterax_custom_init__", False)
+                    and self.field_names
+                    and not _accepts_every_field_by_keyword(init, self.field_names)
+                )
             )
             marker = [_UNFLATTEN_FIELD] if self.uses_marker else []
             register_dataclass_node(cls, self.data_fields, [*self.meta_fields, *marker])
             self.registered = True
+
+
+def _accepts_every_field_by_keyword(
+    init: Callable[..., None], field_names: frozenset[str]
+) -> bool:
+    """Whether a user could call `init` with every field by keyword (then such a
+    call is not necessarily JAX's unflatten)."""
+    try:
+        signature = inspect.signature(init)  # follows `__wrapped__` to the user's
+        signature.bind(None, **dict.fromkeys(field_names))
+    except TypeError:
+        return False
+    except ValueError:  # no signature to inspect: assume the worst
+        return True
+    return True
 
 
 def unpickle(cls: type, state: dict[str, Any]) -> Any:
@@ -313,11 +346,15 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
 # --- custom __init__ ----------------------------------------------------------------------
 
 
-def _store_unflattened(self: Any, kwargs: dict[str, Any]) -> bool:
+def _store_unflattened(self: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
     """Stores the fields of an unflatten call; `False` for an ordinary call."""
-    if kwargs.get(_UNFLATTEN_FIELD) is not type(self):
+    plan = type(self).__filterax_plan__
+    if plan.uses_marker:
+        if kwargs.get(_UNFLATTEN_FIELD) is not type(self):
+            return False
+        del kwargs[_UNFLATTEN_FIELD]
+    elif args or kwargs.keys() != plan.field_names:
         return False
-    del kwargs[_UNFLATTEN_FIELD]
     self.__dict__.update(kwargs)
     return True
 
@@ -329,8 +366,17 @@ def wrap_custom_init(user_init: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(user_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if kwargs and _store_unflattened(self, kwargs):
-            return
+        if kwargs:
+            # JAX's unflatten, inlined from `_store_unflattened`: this wrapper
+            # runs on every unflatten of a Module with a custom __init__.
+            plan = type(self).__filterax_plan__
+            if not plan.uses_marker:
+                if not args and plan.field_count == len(kwargs):
+                    if plan.field_names.issuperset(kwargs):
+                        _object_setattr(self, "__dict__", kwargs)
+                        return
+            elif _store_unflattened(self, args, kwargs):
+                return
         key = id(self)
         if key in _INITIALISING:
             user_init(self, *args, **kwargs)
@@ -360,21 +406,11 @@ def guard_replaced_init(
 
     @functools.wraps(new_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if kwargs and _store_unflattened(self, kwargs):
-            return
-        plan = type(self).__filterax_plan__
-        if not plan.uses_marker and not args and _names_every_field(cls, kwargs):
-            # Registered without the marker before `__init__` was replaced: an
-            # unflatten looks like a call naming every field.
-            self.__dict__.update(kwargs)
+        if kwargs and _store_unflattened(self, args, kwargs):
             return
         new_init(self, *args, **kwargs)
 
     return __init__
-
-
-def _names_every_field(cls: type, kwargs: dict[str, Any]) -> bool:
-    return kwargs.keys() == {f.name for f in dataclasses.fields(cls)}
 
 
 # --- immutability ------------------------------------------------------------------------

@@ -613,3 +613,37 @@ def test_replacing_init_after_registration_keeps_unflatten_working():
     assert rebuilt.weight is None and calls == []
     Plain(jnp.zeros(2))
     assert len(calls) == 1
+
+
+def test_unflatten_never_runs_a_custom_init_whose_parameters_are_not_fields():
+    calls = []
+
+    class Layer(fx.Module):
+        weight: jax.Array
+
+        def __init__(self, size, key):
+            calls.append(size)
+            self.weight = jax.random.normal(key, (size,))
+
+    layer = Layer(3, jax.random.key(0))
+    treedef = jtu.tree_structure(layer)
+    assert "Layer" in str(treedef) and "class" not in str(treedef).lower()
+    assert jtu.tree_unflatten(treedef, [None]).weight is None
+    assert calls == [3]
+
+
+def test_unflatten_never_runs_a_custom_init_that_takes_the_fields_by_name():
+    calls = []
+
+    class Transposed(fx.Module):
+        weight: jax.Array
+
+        def __init__(self, weight):
+            calls.append(weight)
+            self.weight = weight.T
+
+    model = Transposed(weight=jnp.ones((2, 3)))
+    assert model.weight.shape == (3, 2)
+    rebuilt = jtu.tree_map(lambda x: x, model)
+    assert rebuilt.weight.shape == (3, 2) and len(calls) == 1
+    assert Transposed(weight=jnp.ones((2, 3))).weight.shape == (3, 2)
