@@ -31,9 +31,39 @@ from typing import Any, Literal, TypeVar, overload
 
 import jax
 import jax.tree_util as jtu
-import numpy as np
 
 from ._caches import register_cache_clearer
+from ._jit_leaves import (
+    _ARRAY,
+    _CONCRETE_ARRAY_TYPES,
+    _KIND_BY_TYPE,
+    _STATIC_MASK,
+    _TRACER,
+    _all_concrete_arrays,
+    _ArraysKey,
+    _flatten,
+    _flatten_call,
+    _leaf_kinds,
+    _merge,
+    _PyTreeDef,
+    _static_key,
+    _unpack_key,
+)
+from ._jit_trace import (
+    _DONATION_WARNING,
+    _INLINE,
+    _KEYED,
+    _PENDING,
+    _SILENCED,
+    _check_direct_call,
+    _fallback_for,
+    _filter_output,
+    _finish,
+    _MixedOutput,
+    _raise_if_unhashable,
+    _restore_warnings,
+    _silence_donation_warnings,
+)
 
 __all__ = ["filter_jit"]
 
@@ -41,296 +71,6 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 Donate = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
 _DONATE_MODES = ("none", "all", "all-except-first", "warn", "warn-except-first")
-
-# `jax.tree_util.tree_flatten` is a Python function calling this C++ method.
-_flatten = jtu.default_registry.flatten
-_PyTreeDef = jtu.PyTreeDef
-
-# --- Leaf classification -----------------------------------------------------------
-
-# A leaf is static (part of the cache key), a concrete array (traced), or a
-# tracer (we are inside another transformation: the call runs inline).
-_STATIC, _ARRAY, _TRACER = 0, 1, 2
-
-# Classification depends only on a leaf's type, so it is cached per type. The
-# containers are mutated in place, never rebound, so the bound methods taken
-# from them stay valid after `clear_caches`.
-_KIND_BY_TYPE: dict[type, int] = {}
-_kind_by_type = _KIND_BY_TYPE.__getitem__
-# The concrete (non-tracer) array types seen so far. `issuperset(map(type,
-# leaves))` runs entirely in C and stops at the first other type.
-_CONCRETE_ARRAY_TYPES: set[type] = set()
-_all_concrete_arrays = _CONCRETE_ARRAY_TYPES.issuperset
-
-# A `bytes.translate` table over a kinds mask: 1 where the leaf is static.
-_STATIC_MASK = bytes.maketrans(b"\x00\x01\x02", b"\x01\x00\x00")
-
-_ARRAY_CLASSES = (jax.Array, np.ndarray, np.generic)
-
-
-def _kind_of(leaf: Any) -> int:
-    if isinstance(leaf, jax.core.Tracer):
-        return _TRACER
-    if isinstance(leaf, _ARRAY_CLASSES):
-        return _ARRAY
-    return _STATIC
-
-
-def _leaf_kinds(leaves: Sequence[Any]) -> bytes:
-    """One byte per leaf: `_STATIC`, `_ARRAY` or `_TRACER`."""
-    try:
-        return bytes(map(_kind_by_type, map(type, leaves)))
-    except KeyError:
-        for leaf in leaves:
-            leaf_type = type(leaf)
-            if leaf_type not in _KIND_BY_TYPE:
-                kind = _kind_of(leaf)
-                _KIND_BY_TYPE[leaf_type] = kind
-                if kind == _ARRAY:
-                    _CONCRETE_ARRAY_TYPES.add(leaf_type)
-        return bytes(map(_kind_by_type, map(type, leaves)))
-
-
-def _merge(kinds: bytes, dynamic: Sequence[Any], static: Sequence[Any]) -> list[Any]:
-    """Interleaves `dynamic` and `static` leaves back into flattening order."""
-    dynamic_iter, static_iter = iter(dynamic), iter(static)
-    return [next(dynamic_iter) if kind else next(static_iter) for kind in kinds]
-
-
-# --- Keyed path: cache keys --------------------------------------------------------
-
-
-class _ArraysKey:
-    """The static key of a keyed call whose leaves are all arrays: the treedef.
-
-    `jax.jit` hashes its static argument on every call and compares it with
-    `==` on a hit. A wrapper hands the same `_ArraysKey` back while the
-    argument structure repeats, so the hash is computed once (here) and JAX's
-    comparison is an identity check.
-    """
-
-    __slots__ = ("_hash", "treedef")
-
-    def __init__(self, treedef: _PyTreeDef):
-        self.treedef = treedef
-        self._hash = hash(treedef)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return other.__class__ is _ArraysKey and self.treedef == other.treedef  # type: ignore[attr-defined]
-
-
-def _static_key(treedef: _PyTreeDef, kinds: bytes, leaves: list[Any]) -> tuple:
-    """The static key of a keyed call with some non-array leaves.
-
-    `treedef` and `kinds` (bytes: hashing and comparing it is a memcmp) fix
-    where the static leaves sit. The static leaves are compared with `==`, and
-    so are their types, so that `1`, `1.0` and `True` do not share a
-    compilation (as with `jax.jit`'s own static arguments). Arrays are not in
-    the key: `jax.jit` keys on their shapes, dtypes and shardings itself.
-    """
-    static = tuple(compress(leaves, kinds.translate(_STATIC_MASK)))
-    return (treedef, kinds, static, tuple(map(type, static)))
-
-
-def _flatten_call(args: tuple, kwargs: dict) -> tuple[list[Any], _PyTreeDef]:
-    """Flattens the arguments of a call: `args` alone when there are no keyword
-    arguments (one node fewer to flatten and compare), else the *list*
-    `[args, kwargs]`. The root node type, tuple or list, tells the two forms
-    apart, so their treedefs are never equal."""
-    if kwargs:
-        return _flatten([args, kwargs])
-    return _flatten(args)
-
-
-def _unpack_key(key: Any, dynamic: list[Any]) -> tuple[tuple, dict]:
-    """Inside the trace: `(args, kwargs)` from a key and the traced arrays."""
-    if key.__class__ is _ArraysKey:
-        call = key.treedef.unflatten(dynamic)
-    else:
-        treedef, kinds, static, _ = key
-        call = treedef.unflatten(_merge(kinds, dynamic, static))
-    if call.__class__ is list:
-        return call[0], call[1]
-    return call, {}
-
-
-# --- Direct path: the check made while tracing -------------------------------------
-
-
-class _PendingCall(threading.local):
-    def __init__(self) -> None:
-        self.call: tuple[tuple, dict] | None = None
-
-
-# The arguments of the direct call in progress on this thread. Set just before
-# the inner `jax.jit` is called and cleared right after (so it never keeps
-# arrays alive); the traced body consumes it. It is only read when JAX traces,
-# that is on a cache miss.
-_PENDING = _PendingCall()
-
-
-class _RunInline(Exception):
-    """Raised while tracing a direct call whose arguments hold tracers."""
-
-
-class _UseKeyedPath(Exception):
-    """Raised while tracing a direct call that needs the keyed path."""
-
-
-def _check_direct_call() -> None:
-    """Inside the trace of a direct call: makes sure that the compilation about
-    to be cached keeps `filter_jit`'s semantics.
-
-    JAX's cache would let a later call hit it whenever the argument signature
-    matches. So every leaf must be a concrete array (a Python scalar, a string
-    or a function must instead be static). Moreover no leaf may have the
-    signature of a Python scalar: JAX gives Python `int`, `float` and
-    `complex` weakly typed 0-d signatures, and `bool` a 0-d boolean one, and
-    if such an array were accepted here, a later call passing a Python scalar
-    in its place would hit this compilation and be traced instead of static.
-    Both cases take the keyed path, which keys on the values of static leaves.
-    """
-    call = _PENDING.call
-    _PENDING.call = None
-    if call is None:
-        # JAX traced the body again within one call (as `jax_debug_nans` does,
-        # say): the first trace of that call made the checks.
-        return
-    leaves, _ = _flatten(call)
-    kinds = _leaf_kinds(leaves)
-    if _TRACER in kinds:
-        raise _RunInline
-    if _STATIC in kinds:
-        raise _UseKeyedPath
-    for leaf in leaves:
-        if leaf.ndim == 0 and (
-            getattr(leaf, "weak_type", False) or leaf.dtype == np.bool_
-        ):
-            raise _UseKeyedPath
-
-
-_INLINE, _KEYED, _KEYED_IF_IT_WORKS = "inline", "keyed", "keyed if it works"
-
-
-def _fallback_for(error: Exception) -> str | None:
-    """After a direct call raised `error`: how to run the call instead, or
-    `None` to let the error propagate. Clears `_PENDING`."""
-    never_traced = _PENDING.call is not None
-    _PENDING.call = None
-    if isinstance(error, _RunInline):
-        return _INLINE
-    if isinstance(error, _UseKeyedPath):
-        return _KEYED
-    if never_traced and isinstance(error, (TypeError, ValueError)):
-        # JAX rejects a leaf it cannot take as an array (a string, a
-        # function...) before tracing.
-        return _KEYED_IF_IT_WORKS
-    return None
-
-
-# --- Outputs -----------------------------------------------------------------------
-
-
-class _MixedOutput:
-    """An output with non-array leaves, as it leaves the compiled function: the
-    array leaves are its children; the treedef, the kinds mask and the
-    non-array leaves ride in the (static) node data."""
-
-    __slots__ = ("arrays", "info")
-
-    def __init__(self, arrays: list[Any], info: tuple[_PyTreeDef, bytes, tuple]):
-        self.arrays = arrays
-        self.info = info
-
-    def rebuild(self) -> Any:
-        treedef, kinds, static = self.info
-        return treedef.unflatten(_merge(kinds, self.arrays, static))
-
-
-jtu.register_pytree_node(
-    _MixedOutput,
-    lambda out: ((out.arrays,), out.info),
-    lambda info, children: _MixedOutput(children[0], info),
-)
-
-
-def _filter_output(out: Any) -> Any:
-    """Inside the trace: `out` itself when all its leaves are arrays (the
-    common case, rebuilt by JAX in C++), else a `_MixedOutput`."""
-    leaves, treedef = _flatten(out)
-    kinds = _leaf_kinds(leaves)
-    if _STATIC not in kinds:
-        return out
-    static = tuple(compress(leaves, kinds.translate(_STATIC_MASK)))
-    return _MixedOutput(list(compress(leaves, kinds)), (treedef, kinds, static))
-
-
-def _finish(out: Any) -> Any:
-    return out.rebuild() if out.__class__ is _MixedOutput else out
-
-
-# --- Argument errors ---------------------------------------------------------------
-
-
-def _argument_path(path: jtu.KeyPath) -> str:
-    """`args[1]['opts']` or `kwargs['opts']` for a key path into `(args, kwargs)`."""
-    head = "args" if path[0] == jtu.SequenceKey(0) else "kwargs"
-    return head + jtu.keystr(path[1:])
-
-
-def _raise_if_unhashable(args: tuple, kwargs: dict) -> None:
-    """Raises a `TypeError` naming the first unhashable static argument leaf."""
-    for path, leaf in jtu.tree_leaves_with_path((args, kwargs)):
-        if _kind_of(leaf) != _STATIC:
-            continue
-        try:
-            hash(leaf)
-        except TypeError as error:
-            raise TypeError(
-                f"filter_jit: the argument at {_argument_path(path)} is an "
-                f"unhashable {type(leaf).__name__} ({error}). filter_jit traces "
-                "array leaves and treats every other leaf as static, so it must "
-                "be hashable. Pass it as a JAX/NumPy array, make it hashable "
-                "(e.g. a tuple instead of a set), or register it as a pytree."
-            ) from None
-
-
-# --- Donation warnings -------------------------------------------------------------
-
-_DONATION_WARNING = "Some donated buffers were not usable"
-
-
-class _SilencedWarnings(threading.local):
-    def __init__(self) -> None:
-        self.contexts: list[warnings.catch_warnings] = []
-
-
-_SILENCED = _SilencedWarnings()
-
-
-def _silence_donation_warnings() -> None:
-    """Called while tracing: ignores JAX's unusable-donation warning until the
-    current call returns (see `_restore_warnings`).
-
-    JAX warns while lowering, which follows a trace; a cache hit neither traces
-    nor warns. Starting the suppression from inside the trace means calls that
-    hit the cache pay nothing for it, where wrapping every call in
-    `warnings.catch_warnings()` would cost microseconds each time.
-    """
-    context = warnings.catch_warnings()
-    context.__enter__()
-    warnings.filterwarnings("ignore", message=_DONATION_WARNING)
-    _SILENCED.contexts.append(context)
-
-
-def _restore_warnings(depth: int) -> None:
-    contexts = _SILENCED.contexts
-    while len(contexts) > depth:
-        contexts.pop().__exit__(None, None, None)
-
 
 # --- Compiled bodies, held weakly by function --------------------------------------
 
