@@ -1,5 +1,22 @@
-"""Root conftest: the doctests in `filterax/` see eight simulated CPU devices too."""
+"""Root conftest, shared by `tests/` and the doctests in `filterax/`.
+
+- Eight simulated CPU devices, for the multi-device tests. This must run before
+  JAX creates its backends, so it happens at import time.
+- Under CI (`CI` set), hypothesis draws the same examples on every run, so that a
+  landing is never decided by a lucky or unlucky draw; local runs keep exploring.
+"""
+
+import os
 
 import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+try:
+    import hypothesis
+except ImportError:  # the doctests alone need no hypothesis
+    pass
+else:
+    hypothesis.settings.register_profile("ci", derandomize=True, deadline=None)
+    if os.environ.get("CI"):
+        hypothesis.settings.load_profile("ci")

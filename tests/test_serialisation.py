@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cmath
 import dataclasses
 import enum
 import functools
@@ -90,7 +91,7 @@ def perturbed(leaf: Any) -> Any:
     if isinstance(leaf, (int, float, complex)):
         return (
             type(leaf)(leaf + 1)
-            if leaf == leaf and not math.isinf(abs(leaf))
+            if isinstance(leaf, int) or cmath.isfinite(leaf)
             else type(leaf)(0)
         )
     return leaf
