@@ -45,6 +45,7 @@ from ._jit_leaves import (
     _flatten_call,
     _leaf_kinds,
     _merge,
+    _MixedKey,
     _PyTreeDef,
     _static_key,
     _unpack_key,
@@ -221,6 +222,7 @@ class _JitWrapper:
         self._direct = self._compiled.direct if self._compiled.direct_ok else None
         self._keyed = self._compiled.keyed
         self._last_key = _NO_KEY
+        self._last_mixed_key: _MixedKey | None = None
         self._keys: dict[_PyTreeDef, _ArraysKey] = {}
         self.__wrapped__ = fun
         for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
@@ -279,6 +281,13 @@ class _JitWrapper:
             leaves, treedef = _flatten([args, kwargs])
         else:
             leaves, treedef = _flatten(args)
+        last_mixed = self._last_mixed_key
+        if last_mixed is not None:
+            arrays = last_mixed.reuse_for(treedef, leaves)
+            if arrays is not None:
+                return self._call_compiled(
+                    args, kwargs, last_mixed, last_mixed.kinds, arrays
+                )
         if _all_concrete_arrays(map(type, leaves)):
             key = self._last_key
             # Usually the same structure as last time: one treedef comparison,
@@ -290,8 +299,17 @@ class _JitWrapper:
             kinds = _leaf_kinds(leaves)
             if _TRACER in kinds:
                 return self._fun(*args, **kwargs)
-            key = _static_key(treedef, kinds, leaves)
+            try:
+                key = self._last_mixed_key = _static_key(treedef, kinds, leaves)
+            except TypeError:
+                _raise_if_unhashable(args, kwargs)
+                raise
             leaves = list(compress(leaves, kinds))
+        return self._call_compiled(args, kwargs, key, kinds, leaves)
+
+    def _call_compiled(
+        self, args: tuple, kwargs: dict, key: Any, kinds: bytes | None, leaves: list
+    ) -> Any:
         kept, donated = self._split_donated(args, kinds, leaves)
         try:
             out = self._keyed(key, kept, donated)
@@ -354,10 +372,12 @@ class _JitWrapper:
                 "filter_jit(...).lower: an argument is a tracer; lower outside of "
                 "other JAX transformations."
             )
-        key = _static_key(treedef, kinds, leaves)
-        kept, donated = self._split_donated(args, kinds, list(compress(leaves, kinds)))
         depth = len(_SILENCED.contexts)
         try:
+            key = _static_key(treedef, kinds, leaves)
+            kept, donated = self._split_donated(
+                args, kinds, list(compress(leaves, kinds))
+            )
             with warnings.catch_warnings():
                 if self._donate in ("all", "all-except-first"):
                     warnings.filterwarnings("ignore", message=_DONATION_WARNING)

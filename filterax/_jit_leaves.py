@@ -92,17 +92,60 @@ class _ArraysKey:
         return other.__class__ is _ArraysKey and self.treedef == other.treedef  # type: ignore[attr-defined]
 
 
-def _static_key(treedef: _PyTreeDef, kinds: bytes, leaves: list[Any]) -> tuple:
+class _MixedKey:
     """The static key of a keyed call with some non-array leaves.
 
-    `treedef` and `kinds` (bytes: hashing and comparing it is a memcmp) fix
-    where the static leaves sit. The static leaves are compared with `==`, and
-    so are their types, so that `1`, `1.0` and `True` do not share a
-    compilation (as with `jax.jit`'s own static arguments). Arrays are not in
-    the key: `jax.jit` keys on their shapes, dtypes and shardings itself.
+    `treedef` and `kinds` (bytes: comparing them is a memcmp) fix where the
+    static leaves sit. The static leaves are compared with `==`, and so are
+    their types, so that `1`, `1.0` and `True` do not share a compilation (as
+    with `jax.jit`'s own static arguments). Arrays are not in the key: `jax.jit`
+    keys on their shapes, dtypes and shardings itself.
+
+    A wrapper keeps the key of its last keyed call and reuses it while the next
+    call matches (`reuse_for`): that skips classifying every leaf, and since the
+    hash is computed once and JAX's comparison on a hit is an identity check,
+    JAX never walks the treedef either.
     """
-    static = tuple(compress(leaves, kinds.translate(_STATIC_MASK)))
-    return (treedef, kinds, static, tuple(map(type, static)))
+
+    __slots__ = ("_hash", "kinds", "static", "static_mask", "treedef", "types")
+
+    def __init__(self, treedef: _PyTreeDef, kinds: bytes, leaves: list[Any]):
+        self.treedef = treedef
+        self.kinds = kinds
+        self.static_mask = kinds.translate(_STATIC_MASK)
+        self.static = tuple(compress(leaves, self.static_mask))
+        self.types = tuple(map(type, self.static))
+        self._hash = hash((treedef, kinds, self.static, self.types))
+
+    def reuse_for(self, treedef: _PyTreeDef, leaves: list[Any]) -> list[Any] | None:
+        """The array leaves of a call with this key, or `None` if it has another."""
+        if self.treedef != treedef:
+            return None
+        static = tuple(compress(leaves, self.static_mask))
+        if static != self.static or tuple(map(type, static)) != self.types:
+            return None
+        arrays = list(compress(leaves, self.kinds))
+        return arrays if _all_concrete_arrays(map(type, arrays)) else None
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        return (
+            other.__class__ is _MixedKey
+            and self._hash == other._hash  # type: ignore[attr-defined]
+            and self.kinds == other.kinds  # type: ignore[attr-defined]
+            and self.static == other.static  # type: ignore[attr-defined]
+            and self.types == other.types  # type: ignore[attr-defined]
+            and self.treedef == other.treedef  # type: ignore[attr-defined]
+        )
+
+
+def _static_key(treedef: _PyTreeDef, kinds: bytes, leaves: list[Any]) -> _MixedKey:
+    """The static key of a keyed call with some non-array leaves."""
+    return _MixedKey(treedef, kinds, leaves)
 
 
 def _flatten_call(args: tuple, kwargs: dict) -> tuple[list[Any], _PyTreeDef]:
@@ -120,8 +163,7 @@ def _unpack_key(key: Any, dynamic: list[Any]) -> tuple[tuple, dict]:
     if key.__class__ is _ArraysKey:
         call = key.treedef.unflatten(dynamic)
     else:
-        treedef, kinds, static, _ = key
-        call = treedef.unflatten(_merge(kinds, dynamic, static))
+        call = key.treedef.unflatten(_merge(key.kinds, dynamic, key.static))
     if call.__class__ is list:
         return call[0], call[1]
     return call, {}

@@ -746,3 +746,18 @@ def test_clear_caches_forces_a_new_trace():
     fx.clear_caches()
     f(jnp.ones(2), "a")
     assert counter.count == 2
+
+
+def test_keyed_calls_notice_an_array_position_turning_static():
+    traces = []
+
+    @fx.filter_jit
+    def scale(fn, x):
+        traces.append(type(x))
+        return fn(x) * 2
+
+    assert scale(jnp.negative, jnp.array(1.0)) == -2.0
+    assert scale(jnp.negative, jnp.array(3.0)) == -6.0  # same key, reused
+    assert scale(jnp.negative, 2.0) == -4.0  # same treedef, now a static leaf
+    assert scale(jnp.negative, 5.0) == -10.0
+    assert traces[0] is not float and traces[1:] == [float, float]
