@@ -10,6 +10,7 @@ import struct
 from typing import Any, BinaryIO
 
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
@@ -197,6 +198,13 @@ def _place(array: Any, like: Any) -> jax.Array:
         with contextlib.suppress(Exception):  # tracers have no placement
             if like.committed:
                 sharding = like.sharding
+    if getattr(like, "weak_type", False) and np.ndim(array) == 0 and sharding is None:
+        # Weakly typed scalars (from Python numbers) keep their weak type, so a
+        # restored model does not retrace `filter_jit` functions. `jnp.asarray`
+        # of a Python number is the public way to build one.
+        weak = jnp.asarray(np.asarray(array).item())
+        if weak.dtype == like.dtype:
+            return weak.block_until_ready()
     placed = (
         jax.device_put(array) if sharding is None else jax.device_put(array, sharding)
     )

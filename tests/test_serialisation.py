@@ -782,3 +782,14 @@ def test_saving_and_loading_stream_one_leaf_at_a_time(tmp_path: Any) -> None:
     assert load_peak - before < 8 * leaf_bytes + leaf_bytes // 2  # the result, no more
     # Host buffers are adopted by (CPU) or copied to (GPU) the device one at a time.
     assert jax_peak - held < leaf_bytes + leaf_bytes // 2
+
+
+def test_weakly_typed_scalars_stay_weakly_typed():
+    like = {"step": jnp.asarray(3), "lr": jnp.asarray(0.1), "w": jnp.ones(2)}
+    buffer = io.BytesIO()
+    fx.tree_serialise_leaves(buffer, like)
+    buffer.seek(0)
+    restored = fx.tree_deserialise_leaves(buffer, like)
+    assert restored["step"].weak_type and restored["lr"].weak_type
+    assert not restored["w"].weak_type
+    assert restored["lr"].dtype == like["lr"].dtype and restored["lr"] == like["lr"]
