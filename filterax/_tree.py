@@ -116,7 +116,9 @@ def _describe(obj: Any) -> str:
     text = repr(obj)
     if len(text) > 60:
         text = text[:57] + "..."
-    return f"a {type(obj).__name__} ({text})"
+    name = type(obj).__name__
+    article = "an" if name[:1].lower() in "aeio" else "a"
+    return f"{article} {name} ({text})"
 
 
 def _lookup(obj: Any, by_id: dict[int, Any], what: str) -> _Position:
