@@ -59,7 +59,6 @@ from ._jit_trace import (
     _check_direct_call,
     _fallback_for,
     _filter_output,
-    _finish,
     _MixedOutput,
     _raise_if_unhashable,
     _restore_warnings,
@@ -235,13 +234,19 @@ class _JitWrapper:
     def _make_compiled(fun: Any, fun_kinds: bytes, donate: str) -> _Compiled:
         return _compiled_for(fun, fun_kinds, donate)
 
+    def _direct_groups(self, args: tuple, kwargs: dict) -> tuple | None:
+        """The positional arguments of the direct body for this call, or `None`
+        to take the keyed path."""
+        return args, kwargs, self._fun_arrays
+
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         direct = self._direct
-        if direct is None:
+        groups = None if direct is None else self._direct_groups(args, kwargs)
+        if groups is None:
             return self._call_keyed(args, kwargs)
         _PENDING.call = (args, kwargs)
         try:
-            out = direct(args, kwargs, self._fun_arrays)
+            out = direct(*groups)
         except Exception as error:
             fallback = _fallback_for(error)
             if fallback is None:
@@ -439,24 +444,10 @@ class _ExceptFirstJitWrapper(_JitWrapper):
     """For `donate="warn-except-first"`: the direct path passes the first
     argument apart, so that it is not donated."""
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        direct = self._direct
-        if direct is None or not args:
-            return self._call_keyed(args, kwargs)
-        _PENDING.call = (args, kwargs)
-        try:
-            out = direct(args[:1], args[1:], kwargs, self._fun_arrays)
-        except Exception as error:
-            fallback = _fallback_for(error)
-            if fallback is None:
-                raise
-        except BaseException:
-            _PENDING.call = None
-            raise
-        else:
-            _PENDING.call = None
-            return _finish(out)
-        return self._run_fallback(fallback, args, kwargs)
+    def _direct_groups(self, args: tuple, kwargs: dict) -> tuple | None:
+        if not args:
+            return None
+        return args[:1], args[1:], kwargs, self._fun_arrays
 
 
 class _SilencingMixin(_JitWrapper):
