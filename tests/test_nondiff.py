@@ -294,3 +294,21 @@ def test_unfreeze_inverts_freeze():
     assert all(
         a is b for a, b in zip(jtu.tree_leaves(restored), jtu.tree_leaves(params))
     )
+
+
+def test_trainable_has_the_structure_of_filter_grad_output():
+    import optax
+
+    model = {
+        "w": jnp.ones(2),
+        "buffer": fx.NonDifferentiable(jnp.zeros(2)),
+        "steps": jnp.arange(3),
+        "name": "layer",
+    }
+    grads = fx.filter_grad(lambda m: (m["w"] * m["buffer"].value).sum() + 1.0)(model)
+    assert jax.tree.structure(fx.trainable(model)) == jax.tree.structure(grads)
+    optimiser = optax.sgd(0.1)
+    state = optimiser.init(fx.trainable(model))
+    updates, _ = optimiser.update(grads, state)
+    updated = fx.apply_updates(model, updates)
+    assert updated["buffer"] is model["buffer"] and updated["name"] == "layer"
