@@ -192,13 +192,11 @@ def _unresolved_abstract(cls: type, field_names: set[str]) -> list[str]:
 
 def _init_is_custom(cls: type, namespace: dict[str, Any]) -> bool:
     """A class has a custom `__init__` when it writes one, or inherits one
-    written by an ancestor Module (a generated one is never inherited)."""
+    written by an ancestor Module (a generated one is never inherited). Custom
+    ones are wrapped by `wrap_custom_init`, which marks them."""
     if "__init__" in namespace:
         return True
-    for base in cls.__mro__[1:]:
-        if "__filterax_custom_init__" in base.__dict__:
-            return base.__dict__["__filterax_custom_init__"]
-    return False
+    return getattr(cls.__init__, "__filterax_custom_init__", False)
 
 
 class _ModuleMeta(abc.ABCMeta):
@@ -227,7 +225,6 @@ class _ModuleMeta(abc.ABCMeta):
 
         set_attribute("__filterax_abstract_vars__", abstract_vars)
         set_attribute("__filterax_abstract_class_vars__", abstract_class_vars)
-        set_attribute("__filterax_custom_init__", custom_init)
         dataclasses.dataclass(cls, init=False, repr=False, eq=False, frozen=True)
         # The frozen dataclass refuses all assignment; ours also allows it while
         # a custom __init__ runs.
