@@ -1,9 +1,12 @@
 """filterax: models as JAX pytrees, transformed with filtered transformations."""
 
+import typing as _typing
 from importlib.metadata import (
     PackageNotFoundError as _PackageNotFoundError,
     version as _version,
 )
+
+from ._missing import missing_name_error as _missing_name_error
 
 # --- filters (_filters.py) ---
 from ._filters import (
@@ -14,53 +17,57 @@ from ._filters import (
     is_inexact_array as is_inexact_array,
     is_inexact_array_like as is_inexact_array_like,
     is_key_array as is_key_array,
+    is_ref as is_ref,
     partition as partition,
 )
 
-# --- non-differentiable marking (_nondiff.py) ---
-from ._nondiff import (
-    NonDifferentiable as NonDifferentiable,
-    freeze as freeze,
-    is_non_differentiable as is_non_differentiable,
-    trainable as trainable,
-    unfreeze as unfreeze,
-)
+# --- annotations (_typing.py) ---
+from ._typing import PyTree as PyTree
 
-# --- modules (_module.py, _partial.py) ---
+# --- modules (_module/) ---
 from ._module import (
     AbstractClassVar as AbstractClassVar,
     AbstractVar as AbstractVar,
     BoundMethod as BoundMethod,
     Module as Module,
+    Partial as Partial,
     StaticArrayWarning as StaticArrayWarning,
     field as field,
+    module_update_wrapper as module_update_wrapper,
+    static_field as static_field,
 )
-from ._partial import Partial as Partial
 
 # --- tree utilities (_tree.py, _pretty.py, _update.py) ---
 from ._pretty import tree_pformat as tree_pformat, tree_pprint as tree_pprint
+from ._structure import (
+    TreeDifference as TreeDifference,
+    tree_check as tree_check,
+    tree_diff as tree_diff,
+    tree_flatten_one_level as tree_flatten_one_level,
+)
 from ._tree import tree_at as tree_at, tree_equal as tree_equal
 from ._update import apply_updates as apply_updates
 
-# --- differentiation (_ad.py, _symbolic_zero.py, _custom.py, _checkpoint.py) ---
+# --- differentiation (_ad/) ---
 from ._ad import (
+    NonDifferentiable as NonDifferentiable,
+    SymbolicZero as SymbolicZero,
+    filter_checkpoint as filter_checkpoint,
+    filter_custom_jvp as filter_custom_jvp,
+    filter_custom_vjp as filter_custom_vjp,
     filter_grad as filter_grad,
     filter_hessian as filter_hessian,
     filter_jacfwd as filter_jacfwd,
     filter_jacrev as filter_jacrev,
     filter_jvp as filter_jvp,
     filter_value_and_grad as filter_value_and_grad,
-)
-from ._checkpoint import filter_checkpoint as filter_checkpoint
-from ._custom import (
-    filter_custom_jvp as filter_custom_jvp,
-    filter_custom_vjp as filter_custom_vjp,
-)
-from ._symbolic_zero import (
-    SymbolicZero as SymbolicZero,
+    filter_vjp as filter_vjp,
+    freeze as freeze,
+    is_non_differentiable as is_non_differentiable,
+    trainable as trainable,
+    unfreeze as unfreeze,
     zero_cotangent as zero_cotangent,
 )
-from ._vjp import filter_vjp as filter_vjp
 
 # --- compilation, batching, sharding (_jit.py, _vmap.py, _pmap.py, _shard.py, ...) ---
 from ._caches import clear_caches as clear_caches
@@ -69,11 +76,34 @@ from ._closure_convert import filter_closure_convert as filter_closure_convert
 from ._eval_shape import filter_eval_shape as filter_eval_shape
 from ._jit import filter_jit as filter_jit
 from ._make_jaxpr import filter_make_jaxpr as filter_make_jaxpr
-from ._pmap import filter_pmap as filter_pmap
-from ._shard import filter_shard as filter_shard
-from ._vmap import filter_vmap as filter_vmap, if_array as if_array
+from ._mapping import (
+    filter_pmap as filter_pmap,
+    filter_shard as filter_shard,
+    filter_vmap as filter_vmap,
+    if_array as if_array,
+)
 
-# --- serialisation (_serialisation.py) ---
+# --- control flow (_control/) ---
+from ._control import (
+    filter_cond as filter_cond,
+    filter_fori_loop as filter_fori_loop,
+    filter_scan as filter_scan,
+    filter_switch as filter_switch,
+    filter_while_loop as filter_while_loop,
+)
+
+# --- runtime errors (_errors.py) ---
+from ._errors import (
+    EquinoxRuntimeError as EquinoxRuntimeError,
+    FilteraxRuntimeError as FilteraxRuntimeError,
+    branched_error_if as branched_error_if,
+    error_if as error_if,
+)
+
+# --- state and randomness (_state/) ---
+from ._state import RngStream as RngStream
+
+# --- serialisation (_serialisation/) ---
 from ._serialisation import (
     SerialisationError as SerialisationError,
     default_deserialise_filter_spec as default_deserialise_filter_spec,
@@ -86,3 +116,13 @@ try:
     __version__ = _version("filterax")
 except _PackageNotFoundError:  # running from a source tree without installing
     __version__ = "0.0.0"
+
+
+def __getattr__(name: str) -> _typing.NoReturn:
+    # Only called for names not found: Equinox's get an explanation.
+    _missing_name_error("filterax", name)
+
+
+# --- public subpackages: built on the names above, so imported last ---
+from . import debug as debug, nn as nn  # noqa: E402
+from .nn._inference import tree_inference as tree_inference  # noqa: E402

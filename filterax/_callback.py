@@ -6,9 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.tree_util as jtu
 
 from ._filters import is_array
+from ._split import split
+from ._structure import tree_diff
 
 __all__ = ["filter_pure_callback"]
 
@@ -63,43 +64,27 @@ def filter_pure_callback(
 
     ```
     """
-    in_leaves, in_treedef = jtu.tree_flatten((args, kwargs))
-    in_mask = [is_array(leaf) for leaf in in_leaves]
-    in_dynamic = [leaf for leaf, array in zip(in_leaves, in_mask) if array]
-    in_static = [leaf for leaf, array in zip(in_leaves, in_mask) if not array]
-
-    out_leaves, out_treedef = jtu.tree_flatten(result_shape_dtypes)
-    out_mask = [_is_struct(leaf) for leaf in out_leaves]
-    out_structs = [
-        jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
-        for leaf, struct in zip(out_leaves, out_mask)
-        if struct
-    ]
-    out_static = [leaf for leaf, struct in zip(out_leaves, out_mask) if not struct]
+    in_dynamic, in_static = split((args, kwargs), is_array)
+    out_dynamic_structs, out_static = split(result_shape_dtypes, _is_struct)
+    out_structs = [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in out_dynamic_structs]
+    expected = out_static.merge(out_structs)
 
     def host_callback(*host_dynamic: Any) -> list[Any]:
-        dynamic_iter, static_iter = iter(host_dynamic), iter(in_static)
-        merged = [next(dynamic_iter if array else static_iter) for array in in_mask]
-        call_args, call_kwargs = in_treedef.unflatten(merged)
+        call_args, call_kwargs = in_static.merge(host_dynamic)
         out = callback(*call_args, **call_kwargs)
-        leaves, treedef = jtu.tree_flatten(out)
-        if treedef != out_treedef:
-            raise ValueError(
-                "filter_pure_callback: the callback returned a pytree structured "
-                f"as {treedef}, but result_shape_dtypes is {out_treedef}."
+        differences = tree_diff(expected, out, compare_values=False, max_differences=3)
+        if differences:
+            listing = "; ".join(
+                f"at {d.where('out')}: expected {d.detail.replace(' vs ', ', got ', 1)}"
+                for d in differences
             )
-        static = [leaf for leaf, struct in zip(leaves, out_mask) if not struct]
-        if static != out_static:
             raise ValueError(
-                "filter_pure_callback: the callback returned the non-array "
-                f"leaves {static}, but result_shape_dtypes has {out_static}."
+                "filter_pure_callback: the callback's output does not match "
+                f"result_shape_dtypes ({listing})."
             )
-        return [leaf for leaf, struct in zip(leaves, out_mask) if struct]
+        return split(out, _is_struct)[0]
 
     out_dynamic = jax.pure_callback(
         host_callback, out_structs, *in_dynamic, vmap_method=vmap_method
     )
-    dynamic_iter, static_iter = iter(out_dynamic), iter(out_static)
-    return out_treedef.unflatten(
-        [next(dynamic_iter if struct else static_iter) for struct in out_mask]
-    )
+    return out_static.merge(out_dynamic)

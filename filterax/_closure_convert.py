@@ -4,61 +4,90 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
-import jax.tree_util as jtu
+from jax.core import eval_jaxpr
 
-from ._eval_shape import is_shaped, merge_output, split_output
+from ._eval_shape import is_shaped, traced_call
 from ._module import Module, field
+from ._split import StaticPart, split
+from ._structure import tree_diff
 
 __all__ = ["filter_closure_convert"]
 
-_T = TypeVar("_T")
+
+def _struct(leaf: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(leaf.shape), jax.numpy.result_type(leaf))
 
 
-def _signature(leaf: Any) -> tuple[tuple[int, ...], Any]:
-    return tuple(leaf.shape), jax.numpy.result_type(leaf)
+class _ConvertedBase(Module):
+    """What both forms of a closure-converted function know: the structure,
+    shapes and static values of the example call and of its output."""
+
+    in_static: StaticPart = field(static=True)
+    in_structs: tuple[jax.ShapeDtypeStruct, ...] = field(static=True)
+    out_static: StaticPart = field(static=True)
+    out_structs: tuple[jax.ShapeDtypeStruct, ...] = field(static=True)
+
+    @property
+    def in_struct(self) -> Any:
+        """`(args, kwargs)` of the example call, arrays as `ShapeDtypeStruct`s."""
+        return self.in_static.merge(self.in_structs)
+
+    @property
+    def out_struct(self) -> Any:
+        """The output, with `ShapeDtypeStruct`s for its arrays."""
+        return self.out_static.merge(self.out_structs)
+
+    def _dynamic_arguments(self, args: tuple, kwargs: dict) -> list[Any]:
+        dynamic, call_static = split((args, kwargs), is_shaped)
+        expected = self.in_static
+        # Static values are compared with `==` alone: inside a trace JAX may
+        # hand over a Python float as its own float subclass.
+        if (
+            call_static.treedef != expected.treedef
+            or call_static.mask != expected.mask
+            or call_static.static != expected.static
+            or tuple(map(_struct, dynamic)) != self.in_structs
+        ):
+            called = call_static.merge(tuple(map(_struct, dynamic)))
+            differences = tree_diff(self.in_struct, called, compare_values=False)
+            listing = "; ".join(
+                f"at {d.where('(args, kwargs)')}: {d.detail}" for d in differences[:3]
+            )
+            raise ValueError(
+                "filter_closure_convert: called with arguments that differ from the "
+                f"example it was traced at ({listing or 'they differ'}). Call it "
+                "with the same structure, shapes, dtypes and non-array values."
+            )
+        return dynamic
 
 
-class _ClosureConverted(Module):
+class _ClosureConverted(_ConvertedBase):
     """A function traced at example arguments, as a pytree: the values it
     closed over (tracers included) are its leaves, `consts`."""
 
     consts: list[Any]
     jaxpr: Any = field(static=True)
-    in_treedef: Any = field(static=True)
-    in_mask: tuple[bool, ...] = field(static=True)
-    in_static: tuple[Any, ...] = field(static=True)
-    in_signature: tuple[Any, ...] = field(static=True)
-    out_box: Any = field(static=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, treedef = jtu.tree_flatten((args, kwargs))
-        mask = tuple(is_shaped(leaf) for leaf in leaves)
-        dynamic = [leaf for leaf, shaped in zip(leaves, mask) if shaped]
-        static = tuple(leaf for leaf, shaped in zip(leaves, mask) if not shaped)
-        if treedef != self.in_treedef or mask != self.in_mask:
-            raise ValueError(
-                "filter_closure_convert: called with arguments structured as "
-                f"{treedef}, but it was traced for {self.in_treedef}."
-            )
-        if static != self.in_static:
-            raise ValueError(
-                "filter_closure_convert: called with non-array arguments "
-                f"{static}, but it was traced for {self.in_static}."
-            )
-        signature = tuple(_signature(leaf) for leaf in dynamic)
-        if signature != self.in_signature:
-            raise ValueError(
-                "filter_closure_convert: called with arrays of (shape, dtype) "
-                f"{signature}, but it was traced for {self.in_signature}."
-            )
-        out_dynamic = jax.core.eval_jaxpr(self.jaxpr, self.consts, *dynamic)
-        return merge_output(out_dynamic, self.out_box)
+        dynamic = self._dynamic_arguments(args, kwargs)
+        out_dynamic = eval_jaxpr(self.jaxpr, self.consts, *dynamic)
+        return self.out_static.merge(out_dynamic)
 
 
-def filter_closure_convert(fun: Callable[..., _T], *args: Any, **kwargs: Any) -> Any:
+class _TrivialClosureConvert(_ConvertedBase):
+    """A function that closes over nothing: called as it is."""
+
+    fn: Callable[..., Any]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._dynamic_arguments(args, kwargs)
+        return self.fn(*args, **kwargs)
+
+
+def filter_closure_convert(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Traces `fun` at example arguments into a pytree whose leaves are the
     values it closes over.
 
@@ -75,9 +104,11 @@ def filter_closure_convert(fun: Callable[..., _T], *args: Any, **kwargs: Any) ->
       static and baked in.
 
     **Returns:** a callable pytree, called like `fun` with arguments of the same
-    structure, shapes, dtypes and non-array values (otherwise `ValueError`). A
+    structure, shapes, dtypes and non-array values (otherwise `ValueError`
+    naming where they differ). Its `in_struct` and `out_struct` give the
+    example call and the output, with `jax.ShapeDtypeStruct`s for arrays. A
     plain Python function without a closure cannot close over anything and is
-    returned as it is.
+    wrapped as it is.
 
     ```python
     >>> import jax, jax.numpy as jnp
@@ -91,26 +122,22 @@ def filter_closure_convert(fun: Callable[..., _T], *args: Any, **kwargs: Any) ->
 
     ```
     """
+    dynamic, in_static = split((args, kwargs), is_shaped)
+    in_structs = tuple(map(_struct, dynamic))
+    body = traced_call(fun, in_static)
     if isinstance(fun, types.FunctionType) and fun.__closure__ is None:
-        return fun
-    leaves, treedef = jtu.tree_flatten((args, kwargs))
-    mask = tuple(is_shaped(leaf) for leaf in leaves)
-    dynamic = [leaf for leaf, shaped in zip(leaves, mask) if shaped]
-    static = tuple(leaf for leaf, shaped in zip(leaves, mask) if not shaped)
-
-    def body(*traced: Any) -> Any:
-        traced_iter, static_iter = iter(traced), iter(static)
-        merged = [next(traced_iter if shaped else static_iter) for shaped in mask]
-        call_args, call_kwargs = treedef.unflatten(merged)
-        return split_output(fun(*call_args, **call_kwargs))
-
-    closed_jaxpr, (_, out_box) = jax.make_jaxpr(body, return_shape=True)(*dynamic)
+        out_dynamic, out_static = jax.eval_shape(body, dynamic)
+        return _TrivialClosureConvert(
+            in_static, in_structs, out_static, tuple(out_dynamic), fun
+        )
+    closed_jaxpr, (out_dynamic, out_static) = jax.make_jaxpr(
+        lambda *traced: body(list(traced)), return_shape=True
+    )(*dynamic)
     return _ClosureConverted(
-        consts=list(closed_jaxpr.consts),
-        jaxpr=closed_jaxpr.jaxpr,
-        in_treedef=treedef,
-        in_mask=mask,
-        in_static=static,
-        in_signature=tuple(_signature(leaf) for leaf in dynamic),
-        out_box=out_box,
+        in_static,
+        in_structs,
+        out_static,
+        tuple(out_dynamic),
+        list(closed_jaxpr.consts),
+        closed_jaxpr.jaxpr,
     )

@@ -7,8 +7,14 @@ changes one fails loudly there instead of somewhere deep in a transform.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import jax.extend.core as _jax_core
 from jax._src import tree_util as _jax_tree_util
+
+# The start of the warning JAX emits when a donated buffer cannot be reused for
+# an output. Its text is not an API; the filters that silence it match on it.
+DONATION_WARNING = "Some donated buffers were not usable"
 
 
 def register_dataclass_node(
@@ -25,3 +31,19 @@ def register_dataclass_node(
     """
     for registry in _jax_tree_util._all_registries:
         registry.register_dataclass_node(cls, list(data_fields), list(meta_fields))
+
+
+def outputs_depending_on_inputs(closed_jaxpr: Any) -> list[bool]:
+    """For each output of a jaxpr, whether it depends on any of its inputs (a
+    conservative answer: an equation with any such input makes all its outputs
+    depend on them).
+
+    Uses the jaxpr data structures of `jax.extend.core` (`Var`), which JAX
+    documents as unstable.
+    """
+    jaxpr = closed_jaxpr.jaxpr
+    live: set[Any] = set(jaxpr.invars)
+    for equation in jaxpr.eqns:
+        if any(isinstance(v, _jax_core.Var) and v in live for v in equation.invars):
+            live.update(equation.outvars)
+    return [isinstance(v, _jax_core.Var) and v in live for v in jaxpr.outvars]

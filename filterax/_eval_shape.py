@@ -6,12 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.tree_util as jtu
 
 from ._filters import is_array
-from ._static import Static
+from ._split import StaticPart, split
 
-__all__ = ["filter_eval_shape"]
+__all__ = ["filter_eval_shape", "is_shaped"]
 
 
 def is_shaped(leaf: Any) -> bool:
@@ -19,39 +18,18 @@ def is_shaped(leaf: Any) -> bool:
     return is_array(leaf) or isinstance(leaf, jax.ShapeDtypeStruct)
 
 
-def split_call(
-    args: tuple, kwargs: dict
-) -> tuple[list[Any], Callable[[list[Any]], tuple[tuple, dict]]]:
-    """The shaped leaves of a call, and how to rebuild `(args, kwargs)` from
-    (traced) replacements for them."""
-    leaves, treedef = jtu.tree_flatten((args, kwargs))
-    mask = [is_shaped(leaf) for leaf in leaves]
-    dynamic = [leaf for leaf, shaped in zip(leaves, mask) if shaped]
-    static = [leaf for leaf, shaped in zip(leaves, mask) if not shaped]
+def traced_call(
+    fun: Callable[..., Any], args_static: StaticPart
+) -> Callable[[list[Any]], tuple[list[Any], StaticPart]]:
+    """The function JAX traces for `fun`: from the traced leaves of a call to
+    the array leaves of the output and the output's `StaticPart` (which rides
+    out of the trace in the treedef)."""
 
-    def rebuild(new_dynamic: list[Any]) -> tuple[tuple, dict]:
-        dynamic_iter, static_iter = iter(new_dynamic), iter(static)
-        merged = [next(dynamic_iter if shaped else static_iter) for shaped in mask]
-        return treedef.unflatten(merged)
+    def body(traced: list[Any]) -> tuple[list[Any], StaticPart]:
+        call_args, call_kwargs = args_static.merge(traced)
+        return split(fun(*call_args, **call_kwargs), is_array)
 
-    return dynamic, rebuild
-
-
-def split_output(out: Any) -> tuple[list[Any], Static]:
-    """Inside a trace: the array leaves of `out`, and a box with the rest."""
-    leaves, treedef = jtu.tree_flatten(out)
-    mask = tuple(is_array(leaf) for leaf in leaves)
-    dynamic = [leaf for leaf, array in zip(leaves, mask) if array]
-    static = tuple(leaf for leaf, array in zip(leaves, mask) if not array)
-    return dynamic, Static((treedef, mask, static))
-
-
-def merge_output(dynamic: list[Any], box: Static) -> Any:
-    treedef, mask, static = box.value
-    dynamic_iter, static_iter = iter(dynamic), iter(static)
-    return treedef.unflatten(
-        [next(dynamic_iter if array else static_iter) for array in mask]
-    )
+    return body
 
 
 def filter_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -81,11 +59,6 @@ def filter_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
 
     ```
     """
-    dynamic, rebuild = split_call(args, kwargs)
-
-    def body(traced: list[Any]) -> tuple[list[Any], Static]:
-        call_args, call_kwargs = rebuild(traced)
-        return split_output(fun(*call_args, **call_kwargs))
-
-    out_dynamic, box = jax.eval_shape(body, dynamic)
-    return merge_output(out_dynamic, box)
+    dynamic, args_static = split((args, kwargs), is_shaped)
+    out_dynamic, out_static = jax.eval_shape(traced_call(fun, args_static), dynamic)
+    return out_static.merge(out_dynamic)

@@ -6,8 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+
+from ._structure import one_level, path_text, prefix_difference, structure_difference
+from ._typing import PyTree
 
 __all__ = [
     "combine",
@@ -17,7 +21,9 @@ __all__ = [
     "is_inexact_array",
     "is_inexact_array_like",
     "is_key_array",
+    "is_ref",
     "partition",
+    "register_ref_like",
 ]
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
@@ -96,12 +102,12 @@ _INEXACT_BY_DTYPE: dict[Any, bool] = {}
 
 
 def _dtype_is_inexact(dtype: Any) -> bool:
-    # `jax.dtypes.issubdtype` understands bfloat16 and key dtypes but is slow;
+    # `jnp.issubdtype` understands bfloat16 and key dtypes but is slow;
     # there are few dtypes, so remember each answer.
     try:
         return _INEXACT_BY_DTYPE[dtype]
     except KeyError:
-        answer = bool(jax.dtypes.issubdtype(dtype, np.inexact))
+        answer = bool(jnp.issubdtype(dtype, np.inexact))
         _INEXACT_BY_DTYPE[dtype] = answer
         return answer
 
@@ -147,19 +153,52 @@ def is_key_array(element: Any) -> bool:
 
     ```
     """
-    return isinstance(element, jax.Array) and jax.dtypes.issubdtype(
+    return isinstance(element, jax.Array) and jnp.issubdtype(
         element.dtype, jax.dtypes.prng_key
     )
 
 
-FilterSpec = bool | Callable[[Any], bool]
+# `jax.Ref`, and the views of Refs that the AD transforms hand to functions
+# (`_ad/_refs.py` registers them: this module sits below it).
+_REF_TYPES: tuple[type, ...] = (jax.Ref,)
+
+
+def register_ref_like(cls: type) -> None:
+    """Makes `is_ref` recognise instances of `cls` (a stand-in for a Ref)."""
+    global _REF_TYPES
+    _REF_TYPES = (*_REF_TYPES, cls)
+
+
+def is_ref(element: Any) -> bool:
+    """Whether `element` is a `jax.Ref`: a mutable array reference made by
+    `jax.new_ref`.
+
+    Every filtered transform treats a Ref as dynamic state: traced (never
+    hashed) by [`filter_jit`][filterax.filter_jit], never differentiated, never
+    part of what [`trainable`][filterax.trainable] or `filter(tree,
+    is_inexact_array)` selects. A Ref is not an array: `is_array` is `False`.
+
+    **Arguments:**
+
+    - `element`: any Python object.
+
+    **Returns:** a `bool`.
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> import filterax as fx
+    >>> fx.is_ref(jax.new_ref(jnp.zeros(3))), fx.is_ref(jnp.zeros(3))
+    (True, False)
+
+    ```
+    """
+    return isinstance(element, _REF_TYPES)
 
 
 def _spec_error(path: jtu.KeyPath, spec: Any) -> ValueError:
-    where = jtu.keystr(path) if path else "the root"
     return ValueError(
-        f"filter_spec leaf at {where} is {spec!r}; expected a bool or a "
-        "callable `leaf -> bool`."
+        f"filter_spec leaf at {path_text('', path)} is {spec!r}; expected a bool or "
+        "a callable `leaf -> bool`."
     )
 
 
@@ -176,8 +215,8 @@ def _resolve_leaf_mask(
             result = spec(leaf)
             if not isinstance(result, (bool, np.bool_)):
                 raise ValueError(
-                    f"filter_spec callable at {jtu.keystr(path) or 'the root'} "
-                    f"returned {result!r} for a leaf; expected a bool."
+                    f"filter_spec callable at {path_text('', path)} returned "
+                    f"{result!r} for a leaf; expected a bool."
                 )
             return bool(result)
 
@@ -185,43 +224,8 @@ def _resolve_leaf_mask(
     raise _spec_error(path, spec)
 
 
-def _node_children(tree: Any) -> tuple[list[tuple[Any, Any]], Any] | None:
-    """One level of `tree` as `(key, child)` pairs plus its node type, or `None`
-    for a leaf."""
-    if jtu.treedef_is_leaf(jtu.tree_structure(tree, is_leaf=lambda x: x is not tree)):
-        return None
-    children, _ = jtu.flatten_one_level_with_keys(tree)
-    return children, jtu.tree_structure(tree, is_leaf=lambda x: x is not tree)
-
-
-def _prefix_error(spec: Any, tree: Any, path: tuple = ()) -> ValueError:
-    """Describes the first place where `spec` stops being a prefix of `tree`."""
-    where = jtu.keystr(path) if path else "the root"
-    spec_level = _node_children(spec)
-    tree_level = _node_children(tree)
-    if spec_level is None:
-        return _spec_error(path, spec)
-    if tree_level is None or spec_level[1] != tree_level[1]:
-        return ValueError(
-            "filter_spec must be a pytree prefix of the pytree being filtered, "
-            f"but at {where} filter_spec has {type(spec).__name__} "
-            f"{jtu.tree_structure(spec, is_leaf=lambda x: x is not spec)} where the "
-            f"pytree has {type(tree).__name__} "
-            f"{jtu.tree_structure(tree, is_leaf=lambda x: x is not tree)}."
-        )
-    for (key, spec_child), (_, tree_child) in zip(spec_level[0], tree_level[0]):
-        if _is_spec_leaf(spec_child):
-            continue
-        error = _prefix_error(spec_child, tree_child, (*path, key))
-        if error is not None:
-            return error
-    return ValueError(f"filter_spec is not a pytree prefix of the pytree at {where}.")
-
-
-def _is_spec_leaf(spec: Any) -> bool:
-    # Callables that are also pytrees (a `Partial`, a callable Module) are used
-    # as predicates, not descended into.
-    return isinstance(spec, (bool, np.bool_)) or callable(spec)
+def _is_jax_leaf(tree: Any) -> bool:
+    return one_level(tree) is None
 
 
 def _leaf_mask(
@@ -229,18 +233,25 @@ def _leaf_mask(
 ) -> Any:
     """A pytree like `pytree` whose leaves say whether to keep each leaf.
 
-    Raises a `ValueError` naming the key path when `filter_spec` is not a
-    pytree prefix of `pytree`.
+    `filter_spec` is descended into as a pytree, as JAX sees it (a callable
+    Module is a node, not a predicate); its leaves are the predicates. Raises a
+    `ValueError` naming the key path when it is not a pytree prefix of
+    `pytree`.
     """
-    if _is_spec_leaf(filter_spec):
+    if _is_jax_leaf(filter_spec):
         return _resolve_leaf_mask((), filter_spec, pytree, is_leaf)
-    spec_paths, spec_def = jtu.tree_flatten_with_path(
-        filter_spec, is_leaf=_is_spec_leaf
-    )
+    spec_paths, spec_def = jtu.tree_flatten_with_path(filter_spec)
     try:
         subtrees = spec_def.flatten_up_to(pytree)
     except (ValueError, TypeError):
-        raise _prefix_error(filter_spec, pytree) from None
+        difference = prefix_difference(filter_spec, pytree, _is_jax_leaf)
+        where = difference.where() if difference else "the root"
+        detail = difference.detail if difference else "a different structure"
+        raise ValueError(
+            "filter_spec must be a pytree prefix of the pytree being filtered "
+            f"(its leaves bools or callables), but at {where} filter_spec has "
+            f"{detail}."
+        ) from None
     masks = [
         _resolve_leaf_mask(path, spec, subtree, is_leaf)
         for (path, spec), subtree in zip(spec_paths, subtrees)
@@ -288,11 +299,11 @@ def filter(
 
 
 def partition(
-    pytree: Any,
-    filter_spec: Any,
+    pytree: PyTree,
+    filter_spec: PyTree,
     replace: Any = None,
     is_leaf: Callable[[Any], bool] | None = None,
-) -> tuple[Any, Any]:
+) -> tuple[PyTree, PyTree]:
     """Splits `pytree` into the leaves selected by `filter_spec` and the rest.
 
     **Arguments:** as for [`filter`][filterax.filter].
@@ -332,7 +343,7 @@ def _first_not_none(*leaves: Any) -> Any:
     return None
 
 
-def combine(*pytrees: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
+def combine(*pytrees: PyTree, is_leaf: Callable[[Any], bool] | None = None) -> PyTree:
     """Merges pytrees of the same structure, taking the first non-`None` leaf at
     each position.
 
@@ -360,4 +371,16 @@ def combine(*pytrees: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
         def leaf_test(x: Any) -> bool:
             return x is None or is_leaf(x)
 
-    return jtu.tree_map(_first_not_none, *pytrees, is_leaf=leaf_test)
+    try:
+        return jtu.tree_map(_first_not_none, *pytrees, is_leaf=leaf_test)
+    except ValueError:
+        for index, other in enumerate(pytrees[1:], start=1):
+            difference = structure_difference(pytrees[0], other, wildcard=leaf_test)
+            if difference is not None:
+                raise ValueError(
+                    f"combine: pytree {index} does not have the structure of pytree "
+                    f"0 at {difference.where()}: {difference.detail}. The pytrees "
+                    "must share one structure, with None where a leaf (or a whole "
+                    "subtree) is absent, as `partition` produces them."
+                ) from None
+        raise

@@ -8,20 +8,24 @@ from typing import Any
 
 import jax
 
-from ._eval_shape import split_call, split_output
-from ._static import Static
+from ._eval_shape import is_shaped, traced_call
+from ._split import StaticPart, interleave, split
 
 __all__ = ["filter_make_jaxpr"]
 
 
-def _structs_and_rest(out_dynamic: list[Any], box: Static) -> tuple[Any, Any]:
+def _structs_and_rest(
+    out_dynamic: list[Any], out_static: StaticPart
+) -> tuple[Any, Any]:
     """The output with `ShapeDtypeStruct`s for arrays and `None` elsewhere, and
     the output with `None` for arrays."""
-    treedef, mask, static = box.value
-    struct_iter, static_iter = iter(out_dynamic), iter(static)
-    structs = [next(struct_iter) if array else None for array in mask]
-    rest = [None if array else next(static_iter) for array in mask]
-    return treedef.unflatten(structs), treedef.unflatten(rest)
+    nones_static = [None] * len(out_static.static)
+    nones_dynamic = [None] * len(out_dynamic)
+    unflatten = out_static.treedef.unflatten
+    return (
+        unflatten(interleave(out_static.mask, out_dynamic, nones_static)),
+        unflatten(interleave(out_static.mask, nones_dynamic, out_static.static)),
+    )
 
 
 def filter_make_jaxpr(
@@ -60,15 +64,11 @@ def filter_make_jaxpr(
     # `updated=()`: a Module's fields must not land in the wrapper's `__dict__`.
     @functools.wraps(fun, updated=())
     def make_jaxpr(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
-        dynamic, rebuild = split_call(args, kwargs)
-
-        def body(*traced: Any) -> Any:
-            call_args, call_kwargs = rebuild(list(traced))
-            return split_output(fun(*call_args, **call_kwargs))
-
-        closed_jaxpr, (out_dynamic, box) = jax.make_jaxpr(body, return_shape=True)(
-            *dynamic
-        )
-        return (closed_jaxpr, *_structs_and_rest(out_dynamic, box))
+        dynamic, args_static = split((args, kwargs), is_shaped)
+        body = traced_call(fun, args_static)
+        closed_jaxpr, (out_dynamic, out_static) = jax.make_jaxpr(
+            lambda *traced: body(list(traced)), return_shape=True
+        )(*dynamic)
+        return (closed_jaxpr, *_structs_and_rest(out_dynamic, out_static))
 
     return make_jaxpr

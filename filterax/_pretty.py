@@ -3,6 +3,10 @@
 Objects are first turned into a small document tree (`_Text`, `_Group`,
 `_Prefixed`), then laid out: a group is printed on one line when it fits in the
 remaining width, otherwise one item per line, indented.
+
+The printer sits below the classes it prints: a class chooses its printed form
+by defining `__tree_pformat__(self) -> (name, [(prefix, child), ...])`, printed
+as `name(prefix child, ...)` (`NonDifferentiable` and `Partial` do).
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._nondiff import NonDifferentiable
-from ._partial import Partial
+from ._filters import is_ref
+from ._structure import array_text
 
 __all__ = ["tree_pformat", "tree_pprint"]
 
@@ -107,36 +111,9 @@ def _layout(
 
 # ------------------------------------------------------------------ leaves
 
-_SHORT_DTYPE_NAMES = {
-    "float16": "f16",
-    "bfloat16": "bf16",
-    "float32": "f32",
-    "float64": "f64",
-    "int8": "i8",
-    "int16": "i16",
-    "int32": "i32",
-    "int64": "i64",
-    "uint8": "u8",
-    "uint16": "u16",
-    "uint32": "u32",
-    "uint64": "u64",
-    "bool": "bool",
-    "complex64": "c64",
-    "complex128": "c128",
-}
-
-
-def _dtype_name(dtype: Any) -> str:
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        return str(dtype)  # e.g. `key<fry>`
-    if dtype == jax.dtypes.float0:
-        return "float0"
-    name = np.dtype(dtype).name
-    return _SHORT_DTYPE_NAMES.get(name, name)
-
 
 def _short_array(shape: tuple[int, ...], dtype: Any, suffix: str = "") -> str:
-    return f"{_dtype_name(dtype)}[{','.join(str(n) for n in shape)}]{suffix}"
+    return array_text(shape, dtype) + suffix
 
 
 def _is_function(obj: Any) -> bool:
@@ -158,7 +135,7 @@ def _is_bound_method(obj: Any) -> bool:
         and not isinstance(obj, type)
         and hasattr(obj, "__self__")
         and hasattr(obj, "__func__")
-        and isinstance(getattr(obj.__func__, "__name__", None), str)
+        and isinstance(getattr(getattr(obj, "__func__"), "__name__", None), str)  # noqa: B009 - narrowed types lack it
     )
 
 
@@ -209,8 +186,12 @@ def _to_doc(obj: Any, opts: _Options, active: set[int]) -> _Doc:
         return _Text("None")
     if isinstance(obj, jax.Array):  # tracers and key arrays included
         if opts.short_arrays:
-            return _Text(_short_array(obj.shape, obj.dtype))
+            return _Text(
+                array_text(obj.shape, obj.dtype, getattr(obj, "weak_type", False))
+            )
         return _Text(repr(obj))
+    if is_ref(obj):
+        return _Text(f"Ref({array_text(obj.shape, obj.dtype)})")
     if isinstance(obj, (np.ndarray, np.generic)):
         if opts.short_arrays:
             return _Text(_short_array(obj.shape, obj.dtype, "(numpy)"))
@@ -220,10 +201,10 @@ def _to_doc(obj: Any, opts: _Options, active: set[int]) -> _Doc:
     if isinstance(obj, (str, bytes, int, float, complex, type)):
         return _Text(repr(obj))
     if _is_bound_method(obj):
-        owner = type(obj.__self__).__name__
-        return _Text(f"<bound method {owner}.{obj.__func__.__name__}>")
+        owner = type(getattr(obj, "__self__")).__name__  # noqa: B009 - narrowed types lack it
+        return _Text(f"<bound method {owner}.{getattr(obj, '__func__').__name__}>")  # noqa: B009 - narrowed types lack it
     if _is_function(obj):
-        return _Text(f"<function {obj.__name__}>")
+        return _Text(_function_text(obj))
 
     # Containers from here on: guard against reference cycles.
     if id(obj) in active:
@@ -235,11 +216,26 @@ def _to_doc(obj: Any, opts: _Options, active: set[int]) -> _Doc:
         active.discard(id(obj))
 
 
+def _function_text(obj: Any) -> str:
+    name = getattr(obj, "__qualname__", None) or obj.__name__
+    if isinstance(obj, types.FunctionType) and "__wrapped__" in obj.__dict__:
+        return f"<wrapped function {name}>"  # made by `functools.wraps`
+    return f"<function {name}>"
+
+
 def _container_doc(obj: Any, opts: _Options, active: set[int]) -> _Doc:
     name = type(obj).__name__
-    if isinstance(obj, NonDifferentiable):
-        return _Group("NonDifferentiable(", [_to_doc(obj._value, opts, active)], ")")
-    if isinstance(obj, (functools.partial, Partial)):  # and `jax.tree_util.Partial`
+    hook = getattr(type(obj), "__tree_pformat__", None)
+    if hook is not None:
+        hook_name, children = hook(obj)
+        items = [
+            _Prefixed(prefix, _to_doc(child, opts, active))
+            if prefix
+            else _to_doc(child, opts, active)
+            for prefix, child in children
+        ]
+        return _Group(f"{hook_name}(", items, ")")
+    if isinstance(obj, functools.partial):  # and `jax.tree_util.Partial`
         items = [_to_doc(obj.func, opts, active)]
         items += [_to_doc(arg, opts, active) for arg in obj.args]
         items += [
@@ -259,7 +255,7 @@ def _container_doc(obj: Any, opts: _Options, active: set[int]) -> _Doc:
             items.append(_Prefixed(f"{field.name}=", _to_doc(value, opts, active)))
         return _Group(f"{name}(", items, ")")
     if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):  # namedtuple
-        prefixes = [f"{field}=" for field in obj._fields]
+        prefixes = [f"{field}=" for field in getattr(obj, "_fields")]  # noqa: B009 - narrowed types lack it
         return _Group(
             f"{name}(", _sequence_items(list(obj), opts, active, prefixes), ")"
         )
@@ -287,7 +283,7 @@ def _container_doc(obj: Any, opts: _Options, active: set[int]) -> _Doc:
         for keys, child in children:
             doc = _to_doc(child, opts, active)
             key = keys[0] if len(keys) == 1 else None
-            if isinstance(key, jtu.GetAttrKey):
+            if isinstance(key, jtu.GetAttrKey) and key is not None:
                 doc = _Prefixed(f"{key.name}=", doc)
             items.append(doc)
         return _Group(f"{name}(", items, ")")

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+from jax.core import Tracer
 
 from ._filters import is_array, is_key_array
+from ._typing import PyTree
 
 __all__ = ["tree_at", "tree_equal"]
 
@@ -63,11 +65,67 @@ class _LeafMarker:
         return f"<leaf at {_where_text(self.position.path)}>"
 
 
-class _EmptyTuple(tuple):
-    """A fresh empty tuple: Python interns `()`, so plain empty tuples at two
-    places in a pytree would be the same object and could not be told apart."""
+class _MarkedTuple(tuple):
+    """A tuple of the placeholder copy. Always a fresh object (Python interns
+    `()`, so plain empty tuples at two places would be one object), and an
+    index past its end names where in `pytree` it is."""
 
-    __slots__ = ()
+    path: jtu.KeyPath
+
+    def __getitem__(self, index: Any) -> Any:
+        try:
+            return super().__getitem__(index)
+        except IndexError:
+            raise _index_error(self, index) from None
+
+
+class _MarkedList(list):
+    """A list of the placeholder copy: an index past its end names where in
+    `pytree` it is."""
+
+    path: jtu.KeyPath
+
+    def __getitem__(self, index: Any) -> Any:
+        try:
+            return super().__getitem__(index)
+        except IndexError:
+            raise _index_error(self, index) from None
+
+
+def _unflatten_marked(aux: Any, children: Iterable[Any]) -> Any:
+    return list(children)
+
+
+# Pytree nodes like the list and tuple they stand for, so that a `where` that
+# walks the tree with `jax.tree_util` sees the same structure.
+for _marked in (_MarkedTuple, _MarkedList):
+    jtu.register_pytree_with_keys(
+        _marked,
+        lambda node: (
+            tuple((jtu.SequenceKey(i), child) for i, child in enumerate(node)),
+            None,
+        ),
+        _unflatten_marked,
+        flatten_func=lambda node: (tuple(node), None),
+    )
+
+
+def _index_error(sequence: Any, index: Any) -> IndexError:
+    return IndexError(
+        f"index {index!r} is out of range for the {type(sequence).__mro__[1].__name__} "
+        f"at {_where_text(sequence.path)}, which has {len(sequence)} element(s)"
+    )
+
+
+def _marked_sequence(marked: Any, path: jtu.KeyPath) -> Any:
+    if type(marked) is tuple:
+        marked = _MarkedTuple(marked)
+    elif type(marked) is list:
+        marked = _MarkedList(marked)
+    else:
+        return marked
+    marked.path = path
+    return marked
 
 
 _AMBIGUOUS: Any = object()
@@ -102,8 +160,7 @@ def _index_tree(
                 for keys, child in children
             ]
             marked = treedef.unflatten([c.marked for c in position.children])
-            if type(marked) is tuple and not marked:
-                marked = _EmptyTuple()
+            marked = _marked_sequence(marked, path)
     position.marked = marked
     key = id(marked)
     by_id[key] = _AMBIGUOUS if key in by_id else position
@@ -144,7 +201,6 @@ def _select(
 ) -> tuple[list[_Position], bool]:
     """Runs `where` and returns the selected positions, and whether `where`
     returned a sequence of nodes (rather than one node)."""
-    real = where(pytree)
     try:
         marked = where(root.marked)
     except Exception as error:
@@ -155,6 +211,7 @@ def _select(
             "not compute with its leaf values; nodes that `is_leaf` stops at "
             "count as leaves."
         ) from error
+    real = where(pytree)
     found = by_id.get(id(marked))
     if found is not None or not isinstance(marked, (list, tuple)):
         # One node: `marked` itself is in the tree (a list or tuple that is a
@@ -223,11 +280,11 @@ def _rebuild(
 
 def tree_at(
     where: Callable[[Any], Any],
-    pytree: Any,
+    pytree: PyTree,
     replace: Any = _MISSING,
     replace_fn: Callable[[Any], Any] = _MISSING,
     is_leaf: Callable[[Any], bool] | None = None,
-) -> Any:
+) -> PyTree:
     """Returns a copy of `pytree` with the nodes selected by `where` replaced.
 
     This is how to "modify" an immutable Module: nothing is mutated; the
@@ -239,10 +296,11 @@ def tree_at(
 
     - `where`: a callable `pytree -> node` or `pytree -> sequence of nodes`
       (list or tuple), e.g. `lambda m: m.layers[-1].bias`. A node may be a
-      leaf, a `None`, or a whole subtree. `where` may only index into the
+      leaf or a whole subtree; a `None` only with `is_leaf=lambda x: x is None`
+      (to JAX it is an empty subtree). `where` may only index into the
       structure of `pytree`: it is also run on a copy whose leaves are
-      placeholders, which is how `None` leaves and repeated values are told
-      apart.
+      placeholders, which is how repeated values are told apart, and an index
+      past the end of a list there names the list's key path.
     - `pytree`: the pytree to modify; any registered pytree, Modules included.
     - `replace`: the new value of the selected node; when `where` returns a
       sequence, a sequence of new values of the same length.
@@ -256,8 +314,10 @@ def tree_at(
     **Raises:** `ValueError` when not exactly one of `replace` and `replace_fn`
     is given; when `where` returns something that is not a node of `pytree`
     (a freshly built array, a computed value) or depends on leaf values; when
-    it selects a node twice, or a node and another node inside it; or when
-    the number of `replace` values does not match the number of nodes.
+    it selects a node twice, a node and another node inside it, or a `None`
+    without `is_leaf`; when it fails on the placeholder copy (an index past
+    the end of a list, say, naming the list's key path); or when the number
+    of `replace` values does not match the number of nodes.
     `TypeError` when `where` or `replace_fn` is not callable.
 
     ```python
@@ -265,12 +325,12 @@ def tree_at(
     >>> params = {"layers": [1.0, 2.0], "bias": None}
     >>> fx.tree_at(lambda p: p["layers"][1], params, 5.0)
     {'bias': None, 'layers': [1.0, 5.0]}
-    >>> fx.tree_at(lambda p: p["bias"], params, 0.0)
+    >>> fx.tree_at(lambda p: p["bias"], params, 0.0, is_leaf=lambda x: x is None)
     {'bias': 0.0, 'layers': [1.0, 2.0]}
     >>> fx.tree_at(lambda p: p["layers"], params, replace_fn=lambda l: l[::-1])
     {'bias': None, 'layers': [2.0, 1.0]}
-    >>> fx.tree_at(lambda p: (p["bias"], p["layers"][0]), params, (0.0, 3.0))
-    {'bias': 0.0, 'layers': [3.0, 2.0]}
+    >>> fx.tree_at(lambda p: (p["layers"][0], p["layers"][1]), params, (0.0, 3.0))
+    {'bias': None, 'layers': [0.0, 3.0]}
 
     ```
     """
@@ -289,6 +349,14 @@ def tree_at(
     by_id: dict[int, Any] = {}
     root = _index_tree(pytree, (), is_leaf, by_id)
     positions, is_sequence = _select(where, pytree, root, by_id)
+    for position in positions:
+        if position.original is None and not (is_leaf is not None and is_leaf(None)):
+            raise ValueError(
+                f"tree_at: `where` selects the None at {_where_text(position.path)}. "
+                "To JAX, None is an empty subtree, not a leaf, so which node is "
+                "meant is ambiguous. Pass `is_leaf=lambda x: x is None` to treat "
+                "None as a leaf that can be replaced."
+            )
 
     if has_replace_fn:
         functions = [replace_fn] * len(positions)
@@ -296,7 +364,7 @@ def tree_at(
         functions = [lambda _: replace]
     else:
         if not isinstance(replace, (list, tuple)):
-            raise ValueError(
+            raise TypeError(
                 f"tree_at: `where` returned a sequence of {len(positions)} nodes, so "
                 "`replace` must be a list or tuple of as many values; got "
                 f"{type(replace).__name__}."
@@ -317,13 +385,13 @@ def tree_at(
 
 
 def _is_tracer(x: Any) -> bool:
-    return isinstance(x, jax.core.Tracer)
+    return isinstance(x, Tracer)
 
 
 def _exact(dtype: Any, rtol: float, atol: float) -> bool:
     """Whether to compare exactly: no tolerance given, or a non-numeric dtype
     (bool, float0, key data) that tolerances mean nothing for."""
-    return (rtol == 0 and atol == 0) or not jax.dtypes.issubdtype(dtype, np.number)
+    return (rtol == 0 and atol == 0) or not jnp.issubdtype(dtype, np.number)
 
 
 def _numpy_values_equal(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> bool:
@@ -336,17 +404,21 @@ def _numpy_values_equal(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) 
 
 
 def _arrays_equal(x: Any, y: Any, rtol: float, atol: float) -> Any:
-    """Compares two arrays of the same shape and dtype by value; a traced
-    `bool` array when either is a tracer, a Python `bool` otherwise."""
+    """Compares two arrays of the same shape and dtype by value: a Python `bool`
+    when both are NumPy arrays, otherwise a scalar boolean JAX array (as
+    Equinox's `tree_equal` answers; computed without blocking, and traced inside
+    a transformation)."""
     if is_key_array(x):
         # Same dtype means same implementation; compare the raw key bits.
         x, y = jax.random.key_data(x), jax.random.key_data(y)
         rtol = atol = 0.0
-    if _is_tracer(x) or _is_tracer(y):
-        if _exact(x.dtype, rtol, atol):
-            return jnp.all(x == y)
-        return jnp.allclose(x, y, rtol=rtol, atol=atol)
-    return _numpy_values_equal(np.asarray(x), np.asarray(y), rtol, atol)
+    if isinstance(x, (np.ndarray, np.generic)) and isinstance(
+        y, (np.ndarray, np.generic)
+    ):
+        return _numpy_values_equal(np.asarray(x), np.asarray(y), rtol, atol)
+    if _exact(x.dtype, rtol, atol):
+        return jnp.all(jnp.asarray(x) == jnp.asarray(y))
+    return jnp.allclose(jnp.asarray(x), jnp.asarray(y), rtol=rtol, atol=atol)
 
 
 def _leaves_equal(x: Any, y: Any, typematch: bool, rtol: float, atol: float) -> Any:
@@ -376,7 +448,7 @@ def _leaves_equal(x: Any, y: Any, typematch: bool, rtol: float, atol: float) -> 
 
 
 def tree_equal(
-    *pytrees: Any, typematch: bool = False, rtol: float = 0.0, atol: float = 0.0
+    *pytrees: PyTree, typematch: bool = False, rtol: float = 0.0, atol: float = 0.0
 ) -> Any:
     """Whether all `pytrees` have the same structure and equal leaves.
 
@@ -396,9 +468,12 @@ def tree_equal(
       the same type (so a NumPy array never equals a JAX array, nor `1` `1.0`).
     - `rtol`, `atol`: relative and absolute tolerance for inexact values.
 
-    **Returns:** a Python `bool`; or, when the answer depends on traced values
-    (inside `jax.jit` and friends), a scalar boolean JAX array. A difference
-    found without looking at traced values still gives `False`.
+    **Returns:** `False` (a Python `bool`) as soon as structure, a non-array
+    leaf, or an array's shape or dtype differs. Otherwise a Python `bool` when
+    every array compared is a NumPy array, and a scalar boolean JAX array as
+    soon as a JAX array's values are compared (as Equinox answers; it does not
+    block on the computation, and is traced inside `jax.jit` and friends).
+    `bool(...)` of either is the answer.
 
     **Raises:** `TypeError` when no pytree is given.
 
@@ -406,10 +481,12 @@ def tree_equal(
     >>> import jax.numpy as jnp, numpy as np
     >>> import filterax as fx
     >>> fx.tree_equal({"w": jnp.ones(2), "n": 3}, {"w": np.ones(2, np.float32), "n": 3})
+    Array(True, dtype=bool)
+    >>> fx.tree_equal({"w": np.ones(2), "n": 3}, {"w": np.ones(2), "n": 3})
     True
     >>> fx.tree_equal([jnp.ones(2)], [jnp.ones(3)])
     False
-    >>> fx.tree_equal(jnp.array(1.0), jnp.array(1.001), rtol=1e-2)
+    >>> bool(fx.tree_equal(jnp.array(1.0), jnp.array(1.001), rtol=1e-2))
     True
 
     ```
@@ -417,7 +494,7 @@ def tree_equal(
     if not pytrees:
         raise TypeError("tree_equal() needs at least one pytree.")
     first_leaves, first_def = jtu.tree_flatten(pytrees[0])
-    traced: Any = True
+    verdict: Any = True
     for other in pytrees[1:]:
         leaves, treedef = jtu.tree_flatten(other)
         try:
@@ -431,5 +508,5 @@ def tree_equal(
             if equal is False:
                 return False
             if equal is not True:
-                traced = equal if traced is True else traced & equal
-    return traced
+                verdict = equal if verdict is True else verdict & equal
+    return verdict

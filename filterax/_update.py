@@ -1,13 +1,16 @@
-"""`apply_updates`: add optimizer updates to a model's arrays."""
+"""`apply_updates`: add optimizer updates to a model's parameters."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import jax.tree_util as jtu
+import numpy as np
 
-from ._filters import is_array, is_array_like
-from ._nondiff import NonDifferentiable
+from ._ad._nondiff import NonDifferentiable
+from ._filters import is_array, is_array_like, is_ref
+from ._structure import path_text, prefix_difference
+from ._typing import PyTree
 
 __all__ = ["apply_updates"]
 
@@ -18,54 +21,49 @@ def _is_update_leaf(update: Any) -> bool:
     return update is None or isinstance(update, NonDifferentiable)
 
 
-def _where_text(path: jtu.KeyPath) -> str:
-    return jtu.keystr(path) if path else "the root"
+def _add(path: jtu.KeyPath, update: Any, value: Any) -> Any:
+    if update is None or isinstance(value, NonDifferentiable) or is_ref(value):
+        # Frozen values and state (Refs) are never optimised.
+        return value
+    where = path_text("", path)
+    if not is_array_like(value):
+        kind = "an array" if is_array(update) else f"a {type(update).__name__}"
+        raise TypeError(
+            f"apply_updates: the update at {where} is {kind}, but the model holds "
+            f"{type(value).__name__} there; expected an array or a Python number "
+            "(use `None` to leave it alone)."
+        )
+    if is_array(update) and np.shape(update) != np.shape(value):
+        raise ValueError(
+            f"apply_updates: the update at {where} has shape {np.shape(update)}, but "
+            f"the parameter there has shape {np.shape(value)}. An update must "
+            "match its parameter's shape: it is never broadcast into a new one."
+        )
+    try:
+        new = value + update
+    except (TypeError, ValueError) as error:
+        # Plain built-in types: subclasses may not take a single message.
+        kind = TypeError if isinstance(error, TypeError) else ValueError
+        raise kind(
+            f"apply_updates: cannot add the update at {where}: {error}"
+        ) from error
+    if is_array(value) and new.dtype != value.dtype:
+        # A bfloat16 parameter stays bfloat16 under a float32 update.
+        new = new.astype(value.dtype)
+    return new
 
 
-def _one_level(tree: Any) -> tuple[list[tuple[jtu.KeyPath, Any]], Any]:
-    """The children of `tree` with their key paths, and its one-level treedef."""
-    return jtu.tree_flatten_with_path(tree, is_leaf=lambda child: child is not tree)
+def apply_updates(model: PyTree, updates: PyTree) -> PyTree:
+    """Adds `updates` to the parameters of `model`, e.g. an optimizer's output.
 
-
-def _is_leaf_def(treedef: Any) -> bool:
-    return treedef.num_nodes == 1 and treedef.num_leaves == 1
-
-
-def _structure_error(updates: Any, model: Any, path: jtu.KeyPath = ()) -> ValueError:
-    """Describes the first place where `updates` stops matching `model`."""
-    update_children, update_def = _one_level(updates)
-    model_children, model_def = _one_level(model)
-    if not _is_update_leaf(updates) and update_def == model_def:
-        for (keys, update_child), (_, model_child) in zip(
-            update_children, model_children
-        ):
-            try:
-                jtu.tree_structure(update_child, is_leaf=_is_update_leaf).flatten_up_to(
-                    model_child
-                )
-            except (ValueError, TypeError):
-                return _structure_error(update_child, model_child, (*path, *keys))
-    if _is_leaf_def(update_def) or _is_update_leaf(updates):
-        found = type(updates).__name__
-    else:
-        found = f"{type(updates).__name__} {update_def}"
-    expected = type(model).__name__
-    if not _is_leaf_def(model_def):
-        expected += f" {model_def}"
-    return ValueError(
-        "apply_updates: `updates` must have the structure of `model`, or a prefix "
-        f"of it with `None` for subtrees left alone; at {_where_text(path)} "
-        f"`updates` has {found} where `model` has {expected}."
-    )
-
-
-def apply_updates(model: Any, updates: Any) -> Any:
-    """Adds `updates` to the arrays of `model`, e.g. an optimizer's output.
-
-    For each leaf of `updates`: an array is added to the model's value at the
-    same place; `None`, or any non-array value, leaves the model's value as it
-    is. A [`NonDifferentiable`][filterax.NonDifferentiable] in `model` is never
-    changed, whatever `updates` holds there.
+    For each leaf of `updates`: `None` leaves the model's value as it is;
+    anything else is added to it, as in Equinox, and must meet an array or a
+    Python number there (not a string or a function). The sum keeps the
+    parameter's dtype (a bfloat16 parameter stays bfloat16), and an array
+    update must have the parameter's shape. A
+    [`NonDifferentiable`][filterax.NonDifferentiable] or a `jax.Ref` in `model`
+    is never changed, whatever `updates` holds there: frozen values and state
+    are not parameters.
 
     **Arguments:**
 
@@ -77,9 +75,9 @@ def apply_updates(model: Any, updates: Any) -> Any:
     **Returns:** the updated copy of `model`.
 
     **Raises:** `ValueError` naming the key path when `updates` does not match
-    the structure of `model`; `TypeError` naming the key path when an array
-    update meets a model value that is neither an array nor a Python number, or
-    cannot be added to it (e.g. mismatched shapes).
+    the structure of `model`, or when an array update's shape differs from the
+    parameter's; `TypeError` naming the key path when an update meets a model
+    value it cannot be added to (a string, a function...).
 
     ```python
     >>> import jax.numpy as jnp
@@ -92,30 +90,19 @@ def apply_updates(model: Any, updates: Any) -> Any:
 
     ```
     """
-
-    def apply(path: jtu.KeyPath, update: Any, value: Any) -> Any:
-        if not is_array(update) or isinstance(value, NonDifferentiable):
-            return value
-        if not is_array_like(value):
-            raise TypeError(
-                f"apply_updates: the update at {_where_text(path)} is an array, but "
-                f"the model holds {type(value).__name__} there; expected an array "
-                "or a Python number (use `None` to leave it alone)."
-            )
-        try:
-            return value + update
-        except (TypeError, ValueError) as error:
-            # Plain built-in types: subclasses may not take a single message.
-            kind = TypeError if isinstance(error, TypeError) else ValueError
-            raise kind(
-                f"apply_updates: cannot add the update at {_where_text(path)}: {error}"
-            ) from error
-
     try:
-        return jtu.tree_map_with_path(apply, updates, model, is_leaf=_is_update_leaf)
+        return jtu.tree_map_with_path(_add, updates, model, is_leaf=_is_update_leaf)
     except ValueError:
-        try:
-            jtu.tree_structure(updates, is_leaf=_is_update_leaf).flatten_up_to(model)
-        except (ValueError, TypeError):
-            raise _structure_error(updates, model) from None
-        raise
+        difference = prefix_difference(updates, model, _is_update_or_leaf)
+        if difference is None:
+            raise
+        raise ValueError(
+            "apply_updates: `updates` must have the structure of `model`, or a "
+            "prefix of it with `None` for subtrees left alone; at "
+            f"{difference.where()} `updates` has {difference.detail}."
+        ) from None
+
+
+def _is_update_or_leaf(update: Any) -> bool:
+    # A prefix leaf of `updates`: `None`, a wrapper, or any non-node value.
+    return _is_update_leaf(update) or jtu.treedef_is_leaf(jtu.tree_structure(update))

@@ -42,3 +42,23 @@ def test_registered_node_flattens_for_jit_dispatch():
     _compat.register_dataclass_node(Pair, ["a", "b"], [])
     out = jax.jit(lambda p: p.a + p.b)(Pair(a=1.0, b=2.0))
     assert out == 3.0
+
+
+def test_jaxpr_dependency_analysis_sees_constant_outputs():
+    import jax.numpy as jnp
+
+    closed = jax.make_jaxpr(lambda t: (t * 2, jnp.zeros(3), 3.0, t.sum()))(jnp.ones(3))
+    assert _compat.outputs_depending_on_inputs(closed) == [True, False, False, True]
+
+
+def test_jaxpr_dependency_analysis_follows_chains_and_closed_over_values():
+    import jax.numpy as jnp
+
+    outer = jnp.ones(2)
+
+    def f(t):
+        u = jnp.sin(t)
+        return jnp.cos(u) + outer, outer * 2
+
+    closed = jax.make_jaxpr(f)(jnp.ones(2))
+    assert _compat.outputs_depending_on_inputs(closed) == [True, False]

@@ -16,12 +16,14 @@ beartype) is skipped when it is not installed.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import re
 import sys
 import textwrap
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,17 +176,58 @@ def test_the_getting_started_page_is_collected() -> None:
     assert "docs/index.md" in {_page_id(page) for page in _pages()}
 
 
-def test_api_reference_documents_every_public_name() -> None:
-    import filterax
-
-    public = {
+def _public_names(namespace: Any) -> set[str]:
+    return {
         name
-        for name, value in vars(filterax).items()
+        for name, value in vars(namespace).items()
         if not name.startswith("_")
         and getattr(value, "__module__", "").startswith("filterax")
+        and not isinstance(value, types.ModuleType)
     }
+
+
+@pytest.mark.parametrize("namespace", ["filterax", "filterax.nn", "filterax.debug"])
+def test_api_reference_documents_every_public_name(namespace: str) -> None:
+    public = _public_names(importlib.import_module(namespace))
+    assert public, f"{namespace} exports nothing: the check would pass vacuously"
+    entry = re.compile(rf"^::: {re.escape(namespace)}\.(\w+)\s*$", re.M)
     documented = set()
     for page in (ROOT / "docs" / "api").glob("*.md"):
-        documented |= set(re.findall(r"^::: filterax\.(\w+)", page.read_text(), re.M))
+        documented |= set(entry.findall(page.read_text(encoding="utf-8")))
     assert sorted(public - documented) == []
     assert sorted(documented - public) == []
+
+
+_SNIPPET = re.compile(r'^\s*--8<-- "(?P<path>[^"]+)"\s*$')
+_SNIPPET_LIKE = re.compile(r"--\s*8\s*<\s*--")
+
+
+def _snippet_lines() -> list[tuple[str, int, str]]:
+    found = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if _SNIPPET_LIKE.search(line):
+                found.append((str(page.relative_to(ROOT)), number, line))
+    return found
+
+
+def test_every_snippet_include_is_well_formed_and_its_file_exists() -> None:
+    # A mangled marker (`--8 < --`) is not an include at all: the page would show
+    # the marker instead of the file, and the strict build would not notice.
+    lines = _snippet_lines()
+    assert lines, "no page includes a file: the check would pass vacuously"
+    for page, number, line in lines:
+        match = _SNIPPET.match(line)
+        assert match, f"{page}:{number}: malformed include {line.strip()!r}"
+        assert (ROOT / match["path"]).is_file(), f"{page}:{number}: no such file"
+
+
+def test_every_example_is_shown_on_the_examples_page() -> None:
+    page = (ROOT / "docs" / "examples.md").read_text(encoding="utf-8")
+    included = {
+        match["path"]
+        for match in map(_SNIPPET.match, page.splitlines())
+        if match is not None
+    }
+    scripts = {f"examples/{path.name}" for path in (ROOT / "examples").glob("*.py")}
+    assert sorted(scripts - included) == []

@@ -2,24 +2,39 @@
 (the examples themselves run as doctests)."""
 
 import inspect
+import types
 
 import pytest
 
 import filterax as fx
 
-PUBLIC_NAMES = sorted(
-    name
-    for name in dir(fx)
-    if not name.startswith("_") and not isinstance(getattr(fx, name), str)
-)
+NAMESPACES = {"filterax": fx, "filterax.nn": fx.nn, "filterax.debug": fx.debug}
 
 
-@pytest.mark.parametrize("name", PUBLIC_NAMES)
-def test_public_name_has_arguments_returns_and_an_example(name):
-    doc = inspect.getdoc(getattr(fx, name)) or ""
-    assert doc.splitlines(), f"{name} has no docstring"
+def _public(namespace: types.ModuleType) -> list[str]:
+    return sorted(
+        name
+        for name in dir(namespace)
+        if not name.startswith("_")
+        and not isinstance(getattr(namespace, name), (str, types.ModuleType))
+    )
+
+
+PUBLIC_NAMES = _public(fx)
+EVERY_PUBLIC_NAME = [
+    f"{prefix}.{name}"
+    for prefix, namespace in NAMESPACES.items()
+    for name in _public(namespace)
+]
+
+
+@pytest.mark.parametrize("qualified", EVERY_PUBLIC_NAME)
+def test_public_name_has_arguments_returns_and_an_example(qualified):
+    prefix, name = qualified.rsplit(".", 1)
+    doc = inspect.getdoc(getattr(NAMESPACES[prefix], name)) or ""
+    assert doc.splitlines(), f"{qualified} has no docstring"
     for section in ("**Arguments", "**Returns", ">>>"):
-        assert section in doc, f"{name}'s docstring lacks {section!r}"
+        assert section in doc, f"{qualified}'s docstring lacks {section!r}"
 
 
 def test_public_names_are_exactly_the_reexports():

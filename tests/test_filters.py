@@ -154,18 +154,18 @@ def test_filter_on_a_module():
 
 def test_filter_spec_not_a_prefix_names_the_key_path():
     with pytest.raises(
-        ValueError, match=r"at \['a'\] filter_spec has tuple .* pytree has list"
+        ValueError, match=r"at \['a'\] filter_spec has a tuple .* tree has a list"
     ):
         fx.filter({"a": [1, 2]}, {"a": (True, False)})
 
 
 def test_filter_spec_with_wrong_length_names_the_key_path():
-    with pytest.raises(ValueError, match=r"at \['a'\]\[1\] filter_spec has list"):
+    with pytest.raises(ValueError, match=r"at \['a'\]\[1\] filter_spec has a list"):
         fx.filter({"a": [1, [2]], "b": 3}, {"a": [True, [True, True]], "b": True})
 
 
 def test_filter_spec_with_missing_keys_names_the_root():
-    with pytest.raises(ValueError, match="at the root filter_spec has dict"):
+    with pytest.raises(ValueError, match="at the root filter_spec has a dict"):
         fx.filter({"a": 1, "b": 2}, {"a": True})
 
 
@@ -174,7 +174,7 @@ def test_filter_spec_leaf_of_wrong_type_names_the_key_path():
         ValueError, match=r"leaf at \['a'\]\[1\] is 'x'; expected a bool"
     ):
         fx.filter({"a": [1, 2]}, {"a": [True, "x"]})
-    with pytest.raises(ValueError, match=r"leaf at \[1\] is None"):
+    with pytest.raises(ValueError, match=r"at \[1\] filter_spec has None"):
         fx.filter([1, 2], [True, None])
 
 
@@ -229,3 +229,24 @@ def test_combine_needs_a_tree():
 def test_combine_requires_matching_structures():
     with pytest.raises(ValueError):
         fx.combine([1, None], [None])
+
+
+def test_callable_module_in_a_filter_spec_is_descended_into():
+    class Scale(fx.Module):
+        weight: jax.Array
+        bias: jax.Array
+
+        def __call__(self, x):
+            return self.weight * x + self.bias
+
+    model = Scale(jnp.ones(2), jnp.zeros(2))
+    spec = Scale(weight=True, bias=False)  # a Module-shaped spec, as Equinox documents
+    kept = fx.filter(model, spec)
+    assert kept.bias is None and kept.weight is model.weight
+
+
+def test_combine_of_mismatched_trees_names_the_key_path():
+    with pytest.raises(
+        ValueError, match=r"pytree 1 .* at \['b'\]: a list of length 2 vs"
+    ):
+        fx.combine({"a": 1, "b": [1, 2]}, {"a": None, "b": [None, None, 3]})

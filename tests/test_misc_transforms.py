@@ -134,19 +134,32 @@ def test_closure_convert_keeps_non_array_outputs_and_arguments():
 def test_closure_converted_function_checks_its_arguments():
     scale = jnp.array(2.0)
     converted = fx.filter_closure_convert(lambda x, mode: scale * x, jnp.ones(2), "a")
-    with pytest.raises(ValueError, match="non-array arguments"):
+    with pytest.raises(ValueError, match=r"at \(args, kwargs\)\[0\]\[1\]: 'a' vs 'b'"):
         converted(jnp.ones(2), "b")
-    with pytest.raises(ValueError, match="shape, dtype"):
+    with pytest.raises(ValueError, match=r"\[0\]\[0\]: f32\[2\] vs f32\[3\]"):
         converted(jnp.ones(3), "a")
-    with pytest.raises(ValueError, match="structured"):
+    with pytest.raises(ValueError, match=r"tuple of length 2 vs a tuple of length 3"):
         converted(jnp.ones(2), "a", "extra")
 
 
-def test_closure_convert_passes_through_functions_without_closures():
+def test_closure_convert_wraps_functions_without_closures_as_they_are():
     def plain(x):
-        return x + 1
+        return {"y": x + 1, "tag": "plain"}
 
-    assert fx.filter_closure_convert(plain, jnp.ones(2)) is plain
+    converted = fx.filter_closure_convert(plain, jnp.ones(2))
+    assert jax.tree.leaves(converted) == [plain]
+    assert converted(jnp.ones(2))["tag"] == "plain"
+    assert converted.out_struct == {
+        "y": jax.ShapeDtypeStruct((2,), jnp.float32),
+        "tag": "plain",
+    }
+
+
+def test_closure_converted_function_exposes_its_in_and_out_structs():
+    scale = jnp.array(2.0)
+    converted = fx.filter_closure_convert(lambda x: (scale * x, 3), jnp.ones(2))
+    assert converted.out_struct == (jax.ShapeDtypeStruct((2,), jnp.float32), 3)
+    assert converted.in_struct == ((jax.ShapeDtypeStruct((2,), jnp.float32),), {})
 
 
 def test_closure_converted_function_is_a_pytree_for_filter_jit():
@@ -203,7 +216,22 @@ def test_pure_callback_mismatched_static_output_is_an_error():
         return x, "other"
 
     spec = (jax.ShapeDtypeStruct((2,), jnp.float32), "expected")
-    with pytest.raises(Exception, match="non-array"):
+    with pytest.raises(
+        Exception, match=r"at out\[1\]: expected 'expected', got 'other'"
+    ):
+        jax.block_until_ready(
+            fx.filter_pure_callback(host, jnp.ones(2), result_shape_dtypes=spec)
+        )
+
+
+def test_pure_callback_wrong_output_shape_names_the_output_path():
+    def host(x):
+        return {"y": np.zeros(3, np.float32)}
+
+    spec = {"y": jax.ShapeDtypeStruct((2,), jnp.float32)}
+    with pytest.raises(
+        Exception, match=r"at out\['y'\]: expected f32\[2\], got f32\[3\]"
+    ):
         jax.block_until_ready(
             fx.filter_pure_callback(host, jnp.ones(2), result_shape_dtypes=spec)
         )

@@ -126,14 +126,41 @@ def test_python_values_print_with_repr():
     )
 
 
-def test_functions_print_by_name():
+def _module_level_function(x):
+    return x
+
+
+def test_functions_print_by_qualified_name():
     def my_function(x):
         return x
 
-    assert fx.tree_pformat(my_function) == "<function my_function>"
+    local = "test_functions_print_by_qualified_name.<locals>.my_function"
+    assert fx.tree_pformat(my_function) == f"<function {local}>"
+    assert (
+        fx.tree_pformat(_module_level_function) == "<function _module_level_function>"
+    )
     assert fx.tree_pformat(jax.nn.relu) == "<function relu>"
-    assert fx.tree_pformat(jax.jit(my_function)) == "<function my_function>"
+    assert fx.tree_pformat(jax.jit(my_function)) == f"<function {local}>"
+    assert fx.tree_pformat(jax.custom_vjp(my_function)) == f"<function {local}>"
     assert fx.tree_pformat(len) == "<function len>"
+
+
+def test_functions_made_by_functools_wraps_say_so():
+    @functools.wraps(_module_level_function)
+    def wrapper(x):
+        return x
+
+    assert fx.tree_pformat(wrapper) == "<wrapped function _module_level_function>"
+
+
+def test_weakly_typed_arrays_say_so():
+    assert fx.tree_pformat(jnp.asarray(1)) == "weak_i32[]"
+    assert fx.tree_pformat(jnp.asarray(1, dtype=jnp.int32)) == "i32[]"
+    assert fx.tree_pformat(jnp.broadcast_to(1.0, (2,))) == "weak_f32[2]"
+
+
+def test_refs_print_with_their_shape():
+    assert fx.tree_pformat([jax.new_ref(jnp.zeros(3))]) == "[Ref(f32[3])]"
 
 
 # ------------------------------------------------------------------ containers
@@ -233,10 +260,15 @@ def test_objects_with_their_own_repr_use_it():
 # ------------------------------------------------------------------ partials, wrappers
 
 
-def test_functools_partial():
-    def add(x, y, z=0):
-        return x + y + z
+def add(x, y, z=0):
+    return x + y + z
 
+
+def scale(x, factor):
+    return x * factor
+
+
+def test_functools_partial():
     assert fx.tree_pformat(functools.partial(add, 1, z=jnp.ones(2))) == (
         "partial(<function add>, 1, z=f32[2])"
     )
@@ -249,9 +281,6 @@ def test_jax_tree_util_partial():
 
 
 def test_filterax_partial():
-    def scale(x, factor):
-        return x * factor
-
     assert fx.tree_pformat(fx.Partial(scale, factor=jnp.ones(3))) == (
         "Partial(<function scale>, factor=f32[3])"
     )

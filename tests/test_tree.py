@@ -37,9 +37,25 @@ def test_tree_at_replaces_the_root():
     assert fx.tree_at(lambda t: t, [1, 2], "new") == "new"
 
 
-def test_tree_at_replaces_a_none_leaf():
+def _none_is_leaf(x: Any) -> bool:
+    return x is None
+
+
+def test_tree_at_replaces_a_none_leaf_when_none_is_a_leaf():
     tree = [None, None, 1]
-    assert fx.tree_at(lambda t: t[1], tree, 5) == [None, 5, 1]
+    assert fx.tree_at(lambda t: t[1], tree, 5, is_leaf=_none_is_leaf) == [None, 5, 1]
+
+
+def test_tree_at_refuses_to_select_none_without_is_leaf():
+    with pytest.raises(ValueError, match=r"selects the None at \[1\].*is_leaf"):
+        fx.tree_at(lambda t: t[1], [None, None, 1], 5)
+
+
+def test_tree_at_index_past_the_end_of_a_list_names_its_key_path():
+    with pytest.raises(
+        ValueError, match=r"index 5 is out of range for the list at \['a'\]\[1\]"
+    ):
+        fx.tree_at(lambda t: t["a"][1][5], {"a": [0, [1, 2]]}, 0)
 
 
 def test_tree_at_replaces_a_leaf_with_none():
@@ -66,7 +82,12 @@ def test_tree_at_selects_inside_an_empty_tuple_sibling():
 
 def test_tree_at_with_a_sequence_of_nodes():
     tree = {"a": 1, "b": None, "c": [2, 3]}
-    out = fx.tree_at(lambda t: [t["a"], t["b"], t["c"][0]], tree, ["A", "B", "C"])
+    out = fx.tree_at(
+        lambda t: [t["a"], t["b"], t["c"][0]],
+        tree,
+        ["A", "B", "C"],
+        is_leaf=_none_is_leaf,
+    )
     assert out == {"a": "A", "b": "B", "c": ["C", 3]}
 
 
@@ -179,7 +200,7 @@ def test_tree_at_rejects_a_mismatched_number_of_replacements():
 
 
 def test_tree_at_rejects_a_single_replacement_for_a_sequence():
-    with pytest.raises(ValueError, match="must be a list or tuple"):
+    with pytest.raises(TypeError, match="must be a list or tuple"):
         fx.tree_at(lambda t: [t[0], t[1]], [1, 2], 0)
 
 
@@ -211,7 +232,9 @@ def test_tree_at_on_a_nested_module():
     model = MLP(
         [Linear(jnp.ones((2, 2)), jnp.zeros(2)), Linear(jnp.ones(1), None)], 1.0
     )
-    out = fx.tree_at(lambda m: m.layers[1].bias, model, jnp.ones(1))
+    out = fx.tree_at(
+        lambda m: m.layers[1].bias, model, jnp.ones(1), is_leaf=_none_is_leaf
+    )
     assert type(out) is MLP and type(out.layers[1]) is Linear
     np.testing.assert_array_equal(out.layers[1].bias, [1.0])
     assert out.layers[0] is model.layers[0]
@@ -220,7 +243,7 @@ def test_tree_at_on_a_nested_module():
 
 def test_tree_at_on_a_module_field_holding_none():
     model = Linear(jnp.ones(2), None)
-    out = fx.tree_at(lambda m: m.bias, model, jnp.zeros(2))
+    out = fx.tree_at(lambda m: m.bias, model, jnp.zeros(2), is_leaf=_none_is_leaf)
     np.testing.assert_array_equal(out.bias, [0.0, 0.0])
 
 
@@ -354,10 +377,12 @@ def test_tree_at_changes_exactly_the_selected_node(tree, data):
         seen.append(node)
         return _SENTINEL
 
-    out = fx.tree_at(lambda t: _at(t, path), tree, replace_fn=replace_fn)
+    out = fx.tree_at(
+        lambda t: _at(t, path), tree, replace_fn=replace_fn, is_leaf=_none_is_leaf
+    )
     assert len(seen) == 1 and seen[0] is original
     _check_only_selected_changed(tree, out, [path])
-    back = fx.tree_at(lambda t: _at(t, path), out, original)
+    back = fx.tree_at(lambda t: _at(t, path), out, original, is_leaf=_none_is_leaf)
     assert jtu.tree_structure(back) == jtu.tree_structure(tree)
     assert all(a is b for a, b in zip(jtu.tree_leaves(back), jtu.tree_leaves(tree)))
 
@@ -371,7 +396,10 @@ def test_tree_at_changes_exactly_the_selected_sequence_of_nodes(tree, data):
         if not any(_is_prefix(c, path) or _is_prefix(path, c) for c in chosen):
             chosen.append(path)
     out = fx.tree_at(
-        lambda t: [_at(t, p) for p in chosen], tree, [_SENTINEL] * len(chosen)
+        lambda t: [_at(t, p) for p in chosen],
+        tree,
+        [_SENTINEL] * len(chosen),
+        is_leaf=_none_is_leaf,
     )
     _check_only_selected_changed(tree, out, chosen)
 
@@ -380,7 +408,7 @@ def test_tree_at_changes_exactly_the_selected_sequence_of_nodes(tree, data):
 @given(tree=_trees(with_modules=True), data=st.data())
 def test_tree_at_changes_exactly_the_selected_node_with_modules(tree, data):
     path = data.draw(st.sampled_from(_positions(tree)))
-    out = fx.tree_at(lambda t: _at(t, path), tree, _SENTINEL)
+    out = fx.tree_at(lambda t: _at(t, path), tree, _SENTINEL, is_leaf=_none_is_leaf)
     _check_only_selected_changed(tree, out, [path])
 
 
@@ -389,12 +417,37 @@ def test_tree_at_changes_exactly_the_selected_node_with_modules(tree, data):
 
 def test_tree_equal_of_equal_trees():
     tree = {"a": jnp.arange(3), "b": [1.0, "x", None]}
-    assert fx.tree_equal(tree, {"a": jnp.arange(3), "b": [1.0, "x", None]}) is True
+    assert (
+        bool(fx.tree_equal(tree, {"a": jnp.arange(3), "b": [1.0, "x", None]})) is True
+    )
 
 
-def test_tree_equal_returns_a_python_bool():
-    assert fx.tree_equal(jnp.ones(2), jnp.ones(2)) is True
-    assert fx.tree_equal(jnp.ones(2), jnp.zeros(2)) is False
+def test_tree_equal_of_jax_arrays_is_a_jax_bool_as_in_equinox():
+    same = fx.tree_equal(jnp.ones(2), jnp.ones(2))
+    assert isinstance(same, jax.Array) and same.dtype == jnp.bool_ and bool(same)
+    assert not bool(fx.tree_equal(jnp.ones(2), jnp.zeros(2)))
+    mixed = fx.tree_equal(np.ones(2, np.float32), jnp.ones(2))
+    assert isinstance(mixed, jax.Array) and bool(mixed)
+
+
+def test_tree_equal_of_numpy_arrays_and_python_leaves_is_a_python_bool():
+    assert fx.tree_equal(np.ones(2), np.ones(2)) is True
+    assert fx.tree_equal(np.ones(2), np.zeros(2)) is False
+    assert fx.tree_equal(np.float32(1), np.array(1, np.float32)) is True
+    assert (
+        fx.tree_equal(np.array(1.0, np.float32), np.array(1.00001, np.float32)) is False
+    )
+    assert (
+        fx.tree_equal(
+            np.array(1.0, np.float32), np.array(1.00001, np.float32), atol=1e-3
+        )
+        is True
+    )
+
+
+def test_tree_equal_is_false_without_computing_when_a_static_part_differs():
+    assert fx.tree_equal([jnp.ones(2), 1], [jnp.ones(2), 2]) is False
+    assert fx.tree_equal(np.ones(2, np.float32), jnp.ones(2, jnp.float16)) is False
 
 
 def test_tree_equal_of_one_tree_is_true():
@@ -428,8 +481,8 @@ def test_tree_equal_differs_on_dtype():
 
 
 def test_tree_equal_compares_numpy_and_jax_arrays_by_value():
-    assert fx.tree_equal(jnp.arange(3), np.arange(3, dtype=np.int32)) is True
-    assert fx.tree_equal(np.float32(2), jnp.float32(2)) is True
+    assert bool(fx.tree_equal(jnp.arange(3), np.arange(3, dtype=np.int32))) is True
+    assert bool(fx.tree_equal(np.float32(2), jnp.float32(2))) is True
 
 
 def test_tree_equal_typematch_tells_numpy_from_jax():
@@ -448,10 +501,10 @@ def test_tree_equal_array_is_never_a_python_scalar():
 
 def test_tree_equal_tolerances():
     x, y = jnp.array([1.0, 2.0]), jnp.array([1.0, 2.001])
-    assert fx.tree_equal(x, y) is False
-    assert fx.tree_equal(x, y, rtol=1e-2) is True
-    assert fx.tree_equal(x, y, atol=1e-2) is True
-    assert fx.tree_equal(x, y, atol=1e-4) is False
+    assert bool(fx.tree_equal(x, y)) is False
+    assert bool(fx.tree_equal(x, y, rtol=1e-2)) is True
+    assert bool(fx.tree_equal(x, y, atol=1e-2)) is True
+    assert bool(fx.tree_equal(x, y, atol=1e-4)) is False
 
 
 def test_tree_equal_tolerances_apply_to_python_numbers():
@@ -461,31 +514,31 @@ def test_tree_equal_tolerances_apply_to_python_numbers():
 
 def test_tree_equal_tolerances_on_bfloat16_and_complex():
     a = jnp.array([1.0, 2.0], jnp.bfloat16)
-    assert fx.tree_equal(a, a + jnp.bfloat16(0.01), rtol=0.05) is True
+    assert bool(fx.tree_equal(a, a + jnp.bfloat16(0.01), rtol=0.05)) is True
     c = jnp.array([1 + 1j])
-    assert fx.tree_equal(c, c + 1e-6j, atol=1e-4) is True
+    assert bool(fx.tree_equal(c, c + 1e-6j, atol=1e-4)) is True
 
 
 def test_tree_equal_tolerances_apply_to_integer_arrays():
-    assert fx.tree_equal(jnp.arange(3), jnp.arange(3) + 1, atol=1.5) is True
+    assert bool(fx.tree_equal(jnp.arange(3), jnp.arange(3) + 1, atol=1.5)) is True
 
 
 def test_tree_equal_tolerances_leave_non_numeric_dtypes_exact():
-    assert fx.tree_equal(jnp.ones(2, bool), jnp.ones(2, bool), atol=1.0) is True
-    assert fx.tree_equal(jnp.ones(2, bool), jnp.zeros(2, bool), atol=1.0) is False
+    assert bool(fx.tree_equal(jnp.ones(2, bool), jnp.ones(2, bool), atol=1.0)) is True
+    assert bool(fx.tree_equal(jnp.ones(2, bool), jnp.zeros(2, bool), atol=1.0)) is False
     float0 = np.zeros(2, jax.dtypes.float0)
-    assert fx.tree_equal(float0, float0, rtol=1e-3) is True
+    assert bool(fx.tree_equal(float0, float0, rtol=1e-3)) is True
 
 
 def test_tree_equal_nan_is_not_equal():
     x = jnp.array([jnp.nan])
-    assert fx.tree_equal(x, x) is False
-    assert fx.tree_equal(x, x, atol=1.0) is False
+    assert bool(fx.tree_equal(x, x)) is False
+    assert bool(fx.tree_equal(x, x, atol=1.0)) is False
 
 
 def test_tree_equal_compares_key_arrays_by_key_data():
-    assert fx.tree_equal(jax.random.key(0), jax.random.key(0)) is True
-    assert fx.tree_equal(jax.random.key(0), jax.random.key(1)) is False
+    assert bool(fx.tree_equal(jax.random.key(0), jax.random.key(0))) is True
+    assert bool(fx.tree_equal(jax.random.key(0), jax.random.key(1))) is False
 
 
 def test_tree_equal_key_arrays_of_other_implementations_differ():
@@ -541,3 +594,10 @@ def test_module_equality_uses_tree_equal():
     assert a == Linear(jnp.ones(2), None)
     assert a != Linear(jnp.zeros(2), None)
     assert a != Linear(jnp.ones(2), None, activation="relu")
+
+
+def test_tree_at_where_may_walk_the_tree_with_jax_tree_util():
+    out = fx.tree_at(
+        lambda t: jax.tree_util.tree_leaves(t), ([1.0, (2.0,)],), [3.0, 4.0]
+    )
+    assert out == ([3.0, (4.0,)],)

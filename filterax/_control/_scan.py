@@ -1,0 +1,268 @@
+"""`filter_scan`: `lax.scan` over any pytree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+
+from .._filters import is_array
+from .._structure import describe_value, path_text
+from ._guard import forward_mode_only
+from ._jaxpr import trace_body
+from ._parts import Parts, check_unchanged, split_parts, strong_type
+
+__all__ = ["filter_scan"]
+
+Carry = TypeVar("Carry")
+X = TypeVar("X")
+Y = TypeVar("Y")
+
+_REF_WRITES_MESSAGE = (
+    "{where}: the body writes a Ref, and reverse-mode differentiation of a loop "
+    "with `checkpoints` recomputes steps, which would repeat those writes. "
+    "Differentiate without `checkpoints` (every step stored), or move the "
+    "state out of the Ref into the carry."
+)
+
+
+def filter_scan(
+    f: Callable[[Carry, X], tuple[Carry, Y]],
+    init: Carry,
+    xs: X = None,
+    length: int | None = None,
+    *,
+    reverse: bool = False,
+    unroll: int | bool = 1,
+    checkpoints: int | None = None,
+) -> tuple[Carry, Y]:
+    """Scans `f` over the leading axis of the arrays in `xs`, carrying any
+    pytree, as `jax.lax.scan` does for arrays.
+
+    Array leaves (key arrays included) of `init` and `xs` are traced; every
+    other leaf is static and reaches `f` as it is. A `jax.Ref` is shared, not
+    copied: `f` may read and write it, and must give back the same Ref in the
+    carry. `NonDifferentiable` contents are traced and get `None` gradients.
+
+    **Arguments:**
+
+    - `f`: `f(carry, x) -> (carry, y)`. The carry it returns must have the
+      structure, non-array leaves and array shapes and dtypes of the one it
+      was given.
+    - `init`: the initial carry.
+    - `xs`: a pytree whose arrays are sliced along axis 0, one slice per step
+      (all of the same length); its other leaves, and its Refs, reach every
+      step whole. A Module whose arrays were stacked by
+      [`filter_vmap`][filterax.filter_vmap] of a constructor gives one layer
+      per step ("scan over layers"). `None` for no inputs.
+    - `length`: the number of steps; needed when `xs` holds no array.
+    - `reverse`, `unroll`: as for `jax.lax.scan`.
+    - `checkpoints`: `None` stores what `jax.lax.scan` stores for reverse
+      mode. An integer `k` splits the scan into about `k` segments and stores
+      only the carries between them, recomputing each segment's steps in the
+      backward pass: memory about `k + length / k` steps, so best near
+      `sqrt(length)`.
+
+    **Returns:** `(carry, ys)`: the final carry, and the `y`s with their
+    arrays stacked along a new axis 0 (their other leaves returned once, as
+    the single trace of `f` produced them).
+
+    **Raises:** `TypeError` naming the key path under `carry` when `f` changes
+    the carry; `ValueError` when the arrays of `xs` differ in length (naming
+    the leaf) or no length can be found; in reverse mode with `checkpoints`, a
+    `TypeError` if `f` writes a Ref (the recomputation would repeat the write).
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> def step(carry, x):
+    ...     total, label = carry
+    ...     return (total + x, label), total + x
+    >>> (total, label), partial_sums = fx.filter_scan(
+    ...     step, (jnp.array(0.0), "sum"), jnp.arange(4.0))
+    >>> total, label, partial_sums
+    (Array(6., dtype=float32), 'sum', Array([0., 1., 3., 6.], dtype=float32))
+
+    ```
+    """
+    carry_arrays, carry_parts = split_parts(init)
+    x_arrays, x_parts = split_parts(xs)
+    length = _scan_length(xs, x_arrays, length)
+    if checkpoints is not None:
+        _check_checkpoints(checkpoints)
+    y_parts: list[Parts] = []
+
+    def step(carry_in: list[Any], x_in: list[Any]) -> tuple[list[Any], list[Any]]:
+        carry = carry_parts.merge(carry_in)
+        out = f(carry, x_parts.merge(x_in))
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError(
+                "filter_scan: `f` must return a pair `(carry, y)`; got "
+                f"{describe_value(out)}."
+            )
+        new_carry, y = out
+        new_arrays, new_parts = split_parts(new_carry)
+        check_unchanged(
+            "filter_scan", "carry", carry, carry_parts, carry_in,
+            new_carry, new_parts, new_arrays, "given vs returned",
+        )  # fmt: skip
+        y_arrays, parts = split_parts(y)
+        y_parts[:] = [parts]  # `lax.scan` retraces for weak types: keep the last
+        return new_arrays, y_arrays
+
+    if checkpoints is None or length == 0:
+        final, ys = jax.lax.scan(
+            step, carry_arrays, x_arrays, length, reverse=reverse, unroll=unroll
+        )
+    else:
+        final, ys = _checkpointed_scan(
+            step, carry_arrays, x_arrays, length, reverse, unroll, checkpoints
+        )
+    return carry_parts.merge(final), y_parts[0].merge(ys)
+
+
+def _check_checkpoints(checkpoints: Any) -> None:
+    if isinstance(checkpoints, bool) or not isinstance(checkpoints, int):
+        raise TypeError(
+            f"filter_scan: `checkpoints` must be an int or None; got {checkpoints!r}."
+        )
+    if checkpoints < 1:
+        raise ValueError(
+            f"filter_scan: `checkpoints` must be at least 1; got {checkpoints}."
+        )
+
+
+def _scan_length(xs: Any, x_arrays: Sequence[Any], length: int | None) -> int:
+    """The one length of the arrays of `xs` (and `length`, if given)."""
+    lengths: set[int | None] = {x.shape[0] if x.ndim else None for x in x_arrays}
+    if len(lengths) == 1 and None not in lengths:
+        found = int(next(iter(lengths)) or 0)
+        if length is not None and int(length) != found:
+            path = _array_paths(xs)[0]
+            raise ValueError(
+                f"filter_scan: length={length}, but {path_text('xs', path)} has "
+                f"length {found}."
+            )
+        return found
+    if not lengths:
+        if length is None:
+            raise ValueError(
+                "filter_scan: `xs` holds no array, so the number of steps is "
+                "unknown: pass `length`."
+            )
+        return int(length)
+    first = x_arrays[0]
+    first_where = path_text("xs", _array_paths(xs)[0])
+    for path, array in zip(_array_paths(xs), x_arrays):
+        where = path_text("xs", path)
+        if array.ndim == 0:
+            raise ValueError(
+                f"filter_scan: {where} is a scalar array ({describe_value(array)}), "
+                "but the arrays of `xs` are sliced along axis 0. Give it a leading "
+                "axis, or close over it in `f` to pass it whole."
+            )
+        if array.shape[0] != first.shape[0]:
+            raise ValueError(
+                "filter_scan: the arrays of `xs` are sliced along axis 0, so they "
+                f"must have one length, but {first_where} has length "
+                f"{first.shape[0]} ({describe_value(first)}) and {where} has "
+                f"length {array.shape[0]} ({describe_value(array)})."
+            )
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _array_paths(xs: Any) -> list[tuple]:
+    return [path for path, leaf in jtu.tree_flatten_with_path(xs)[0] if is_array(leaf)]
+
+
+# --- Checkpointed scan ----------------------------------------------------------
+
+
+def _checkpointed_scan(
+    step: Callable[[list[Any], list[Any]], tuple[list[Any], list[Any]]],
+    carry: list[Any],
+    xs: list[Any],
+    length: int,
+    reverse: bool,
+    unroll: int | bool,
+    checkpoints: int,
+) -> tuple[list[Any], list[Any]]:
+    """A scan of `length` steps as an outer scan over segments whose inner
+    scans are `jax.checkpoint`ed: reverse mode stores the carry between
+    segments and recomputes one segment at a time."""
+    carry = [strong_type(c) for c in carry]
+    x_slices = [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in xs]
+    num_carry = len(carry)
+
+    def flat_step(*args: Any) -> list[Any]:
+        new_carry, ys = step(list(args[:num_carry]), list(args[num_carry:]))
+        return [*new_carry, *ys]
+
+    body = trace_body(flat_step, *carry, *x_slices)
+
+    def run(hoisted: list[Any], refs: list[Any], args: list[Any]) -> list[Any]:
+        carry_in, xs_in = args[:num_carry], args[num_carry:]
+
+        def inner(c: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+            outs = body.call(hoisted, refs, *c, *x)
+            return outs[:num_carry], outs[num_carry:]
+
+        final, ys = _segmented(
+            inner, carry_in, xs_in, length, reverse, unroll, checkpoints
+        )
+        return [*final, *ys]
+
+    args = [*carry, *xs]
+    if body.writes_refs:
+        where = "filter_scan with checkpoints"
+        outs = forward_mode_only(
+            run, body.hoisted, body.refs, args, _REF_WRITES_MESSAGE.format(where=where)
+        )
+    else:
+        outs = run(body.hoisted, body.refs, args)
+    return outs[:num_carry], outs[num_carry:]
+
+
+def _segmented(
+    inner: Callable[[list[Any], list[Any]], tuple[list[Any], list[Any]]],
+    carry: list[Any],
+    xs: list[Any],
+    length: int,
+    reverse: bool,
+    unroll: int | bool,
+    checkpoints: int,
+) -> tuple[list[Any], list[Any]]:
+    segment = -(-length // checkpoints)  # ceil: at most `checkpoints` segments
+    full, tail = divmod(length, segment)
+
+    def run_segment(steps: int, prevent_cse: bool) -> Callable:
+        def run(c: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+            return jax.lax.scan(
+                inner, c, x, length=steps, reverse=reverse, unroll=unroll
+            )
+
+        return jax.checkpoint(run, prevent_cse=prevent_cse)
+
+    def run_head(c: list[Any]) -> tuple[list[Any], list[Any]]:
+        # Inside `lax.scan`, `prevent_cse` is not needed (see `jax.checkpoint`).
+        head_xs = [x[: full * segment].reshape(full, segment, *x.shape[1:]) for x in xs]
+        c, ys = jax.lax.scan(
+            run_segment(segment, False), c, head_xs, length=full, reverse=reverse
+        )
+        return c, [y.reshape(full * segment, *y.shape[2:]) for y in ys]
+
+    def run_tail(c: list[Any]) -> tuple[list[Any], list[Any]]:
+        return run_segment(tail, True)(c, [x[full * segment :] for x in xs])
+
+    if tail == 0:
+        return run_head(carry)
+    if reverse:
+        carry, tail_ys = run_tail(carry)
+        carry, head_ys = run_head(carry)
+    else:
+        carry, head_ys = run_head(carry)
+        carry, tail_ys = run_tail(carry)
+    return carry, [jnp.concatenate([h, t]) for h, t in zip(head_ys, tail_ys)]

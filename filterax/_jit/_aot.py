@@ -1,0 +1,157 @@
+"""Ahead-of-time compilation: `filter_jit(f).lower(*args).compile()`.
+
+`Lowered` and `CompiledCall` wrap JAX's `jax.stages.Lowered` and `Compiled`
+for the keyed body of one call. The compiled function is called with the
+original arguments, as the `filter_jit` function would be: their static part
+must equal the lowered call's (an error names where it differs), their arrays
+are passed on, and the output is rebuilt as the `filter_jit` function's.
+"""
+
+from __future__ import annotations
+
+import warnings
+from itertools import compress
+from typing import Any
+
+import jax
+
+from .._compat import DONATION_WARNING
+from .._errors import runtime_error_from
+from .._split import leaf_kinds, shape_signature
+from .._structure import tree_diff
+from ._keyed import MixedKey, flatten_call
+from ._outputs import MixedOutput
+
+__all__ = ["CompiledCall", "Lowered", "plan_call"]
+
+
+class _CallPlan:
+    """What a lowered call fixed: the static key, the arrays inside the
+    function, and how many argument arrays are kept (not donated)."""
+
+    __slots__ = ("example", "fun_dynamic", "key", "n_kept", "signature", "silence")
+
+    def __init__(
+        self,
+        key: MixedKey,
+        fun_dynamic: list[Any],
+        n_kept: int,
+        silence: bool,
+        example: Any,
+    ):
+        self.key = key
+        self.fun_dynamic = fun_dynamic
+        self.n_kept = n_kept
+        self.silence = silence
+        self.example = example
+        self.signature = _signature(
+            leaf for leaf in jax.tree_util.tree_leaves(example) if _is_struct(leaf)
+        )
+
+    def arguments(self, args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
+        """`(kept, donated)` dynamic leaves of a call, checked against the plan."""
+        leaves, treedef = flatten_call(args, kwargs)
+        kinds = leaf_kinds(leaves)
+        key = self.key
+        dynamic = list(compress(leaves, kinds))
+        if (
+            treedef != key.treedef
+            or kinds != key.kinds
+            or MixedKey(treedef, kinds, leaves) != key
+            or _signature(dynamic) != self.signature
+        ):
+            called = shape_signature((args, kwargs))
+            differences = tree_diff(self.example, called, max_differences=3)
+            listing = "; ".join(
+                f"at {d.where('(args, kwargs)')}: {d.detail}" for d in differences
+            )
+            raise ValueError(
+                "filter_jit: a compiled function was called with arguments that "
+                f"differ from the ones it was lowered for ({listing or 'they differ'}"
+                "). Call it with the same structure, non-array values, shapes and "
+                "dtypes, or lower it again."
+            )
+        return dynamic[: self.n_kept], dynamic[self.n_kept :]
+
+    def inputs(self, kept: list[Any], donated: list[Any]) -> list[Any]:
+        """The traced inputs in the body's order, for mapping returned Refs."""
+        return [*self.fun_dynamic, *kept, *donated]
+
+
+def _is_struct(leaf: Any) -> bool:
+    return isinstance(leaf, jax.ShapeDtypeStruct)
+
+
+def _signature(leaves: Any) -> tuple[tuple[tuple[int, ...], Any], ...]:
+    return tuple((tuple(leaf.shape), leaf.dtype) for leaf in leaves)
+
+
+class Lowered:
+    """`filter_jit(f).lower(*args, **kwargs)`: JAX's `Lowered` for that call.
+
+    `compile(compiler_options=...)` gives a [`CompiledCall`][]; `as_text()`,
+    `cost_analysis()`, `compiler_ir()` and every other attribute are those of
+    `jax.stages.Lowered`.
+    """
+
+    def __init__(self, lowered: jax.stages.Lowered, plan: _CallPlan):
+        self._lowered = lowered
+        self._plan = plan
+
+    def compile(self, compiler_options: dict[str, Any] | None = None) -> CompiledCall:
+        """Compiles the lowered call.
+
+        **Arguments:**
+
+        - `compiler_options`: XLA compiler options, as for
+          `jax.stages.Lowered.compile`.
+
+        **Returns:** a callable taking the same arguments as the `filter_jit`
+        function.
+        """
+        with warnings.catch_warnings():
+            if self._plan.silence:
+                warnings.filterwarnings("ignore", message=DONATION_WARNING)
+            compiled = self._lowered.compile(compiler_options=compiler_options)
+        return CompiledCall(compiled, self._plan)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lowered, name)
+
+
+class CompiledCall:
+    """A compiled `filter_jit` call, called with the original arguments."""
+
+    def __init__(self, compiled: Any, plan: _CallPlan):
+        self._compiled = compiled
+        self._plan = plan
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        kept, donated = self._plan.arguments(args, kwargs)
+        with warnings.catch_warnings():
+            if self._plan.silence:
+                warnings.filterwarnings("ignore", message=DONATION_WARNING)
+            try:
+                out = self._compiled(self._plan.fun_dynamic, kept, donated)
+            except Exception as error:
+                translated = runtime_error_from(error)
+                if translated is None:
+                    raise
+                raise translated from None
+        if out.__class__ is MixedOutput:
+            return out.rebuild(lambda: self._plan.inputs(kept, donated))
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._compiled, name)
+
+
+def plan_call(  # noqa: PLR0913 - the parts of one lowered call
+    key: MixedKey,
+    fun_dynamic: list[Any],
+    n_kept: int,
+    silence: bool,
+    args: tuple,
+    kwargs: dict,
+) -> _CallPlan:
+    return _CallPlan(key, fun_dynamic, n_kept, silence, shape_signature((args, kwargs)))

@@ -1,0 +1,389 @@
+"""`filter_jit` and the wrapper it returns; see the folder's `__init__` for the
+two routes a call takes."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from itertools import compress
+from typing import Any, TypeVar, overload
+
+import jax.tree_util as jtu
+
+from .._errors import runtime_error_from
+from .._split import all_dynamic, flatten, leaf_kinds
+from ._aot import Lowered, plan_call
+from ._compiled import Compiled, compiled_for
+from ._direct import PENDING, Fallback, fallback_for
+from ._donate import (
+    DONATION_WARNING,
+    Donate,
+    DonateMode,
+    restore_warnings,
+    silencing_depth,
+)
+from ._keyed import MixedKey, flatten_call, raise_if_unhashable
+from ._outputs import MixedOutput
+
+__all__ = ["JitWrapper", "filter_jit"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class JitWrapper:
+    """What `filter_jit` returns (for `donate="none"` and `"warn"`; subclasses
+    handle the other modes).
+
+    A pytree: its child is the wrapped function (a Module contributes its
+    arrays), its static data the donation mode and the shared `Compiled`, so a
+    copy made by flattening and unflattening shares the compiled code.
+    """
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        mode: DonateMode,
+        compiled: Compiled | None = None,
+    ):
+        self.fun = fun
+        self.mode = mode
+        found, self.fun_dynamic = compiled_for(fun, mode)
+        self.compiled = found if compiled is None else compiled
+        self.__wrapped__ = fun
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            try:
+                setattr(self, attribute, getattr(fun, attribute))
+            except AttributeError:
+                pass
+
+    def _direct_groups(self, args: tuple, kwargs: dict) -> tuple | None:
+        """The positional arguments of the direct body for this call, or `None`
+        to take the keyed route."""
+        return self.fun_dynamic, args, kwargs
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._call(args, kwargs)
+        except Exception as error:
+            translated = runtime_error_from(error)
+            if translated is None:
+                raise
+            raise translated from None
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
+        compiled = self.compiled
+        groups = self._direct_groups(args, kwargs) if compiled.direct_ok else None
+        if groups is None:
+            return self._call_keyed(args, kwargs)
+        PENDING.call = (args, kwargs)
+        try:
+            out = compiled.direct(*groups)
+        except Exception as error:
+            fallback = fallback_for(error)
+            if fallback is None:
+                raise
+        except BaseException:
+            PENDING.call = None
+            raise
+        else:
+            PENDING.call = None
+            if out.__class__ is MixedOutput:
+                return out.rebuild(lambda: flatten((self.fun_dynamic, args, kwargs))[0])
+            return out
+        # Out of the `except` block, so that errors raised from here on are
+        # not chained to the one that sent the call here.
+        if fallback is Fallback.KEYED:
+            compiled.direct_ok = False
+            return self._call_keyed(args, kwargs)
+        out = self._call_keyed(args, kwargs)
+        compiled.direct_ok = False
+        return out
+
+    def _call_keyed(self, args: tuple, kwargs: dict) -> Any:
+        # `flatten_call`, inlined: this is the hot path of calls that pass
+        # non-array leaves.
+        if kwargs:
+            leaves, treedef = flatten([args, kwargs])
+        else:
+            leaves, treedef = flatten(args)
+        compiled = self.compiled
+        last_mixed = compiled.last_mixed_key
+        if last_mixed is not None:
+            dynamic = last_mixed.reuse_for(treedef, leaves)
+            if dynamic is not None:
+                return self._call_compiled(args, last_mixed, last_mixed.kinds, dynamic)
+        if all_dynamic(map(type, leaves)):
+            key: Any = compiled.last_key
+            # Usually the same structure as last time: one treedef comparison,
+            # and JAX then finds its entry by identity.
+            if key.treedef != treedef:
+                key = compiled.arrays_key(treedef)
+            kinds = None
+        else:
+            kinds = leaf_kinds(leaves)
+            try:
+                key = compiled.last_mixed_key = MixedKey(treedef, kinds, leaves)
+            except TypeError:
+                raise_if_unhashable(args, kwargs)
+                raise
+            leaves = list(compress(leaves, kinds))
+        return self._call_compiled(args, key, kinds, leaves)
+
+    def _call_compiled(
+        self, args: tuple, key: Any, kinds: bytes | None, dynamic: list
+    ) -> Any:
+        kept, donated = self._split_donated(args, kinds, dynamic)
+        out = self.compiled.keyed(key, self.fun_dynamic, kept, donated)
+        if out.__class__ is MixedOutput:
+            return out.rebuild(lambda: [*self.fun_dynamic, *dynamic])
+        return out
+
+    def _kept_count(self, args: tuple, kinds: bytes | None) -> int:
+        """How many of the call's dynamic leaves are not donated."""
+        mode = self.mode
+        if not mode.donates:
+            return -1  # all of them
+        if not (mode.except_first and args):
+            return 0
+        # The first argument's leaves come first in flattening order.
+        n_first = len(jtu.tree_leaves(args[0]))
+        if kinds is None:
+            return n_first
+        return n_first - kinds[:n_first].count(0)
+
+    def _split_donated(
+        self, args: tuple, kinds: bytes | None, dynamic: list[Any]
+    ) -> tuple[list[Any], list[Any]]:
+        """The dynamic leaves `(kept, donated)`."""
+        n_kept = self._kept_count(args, kinds)
+        if n_kept < 0:
+            return dynamic, []
+        return dynamic[:n_kept], dynamic[n_kept:]
+
+    def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
+        """Lowers `fun(*args, **kwargs)` ahead of time, without running it.
+
+        **Arguments:** the arguments of a call, as for the wrapped function.
+
+        **Returns:** a `Lowered` wrapping JAX's `jax.stages.Lowered`:
+        `as_text()`, `cost_analysis()` and the rest work as for `jax.jit`, and
+        `compile(compiler_options=...)` gives a function called with the same
+        arguments as this one.
+
+        **Raises:** `TypeError` naming the argument's key path when a non-array
+        leaf is unhashable.
+
+        ```python
+        >>> import jax.numpy as jnp
+        >>> import filterax as fx
+        >>> power = fx.filter_jit(lambda x, n: x**n)
+        >>> lowered = power.lower(jnp.ones(3), 2)
+        >>> "stablehlo" in lowered.as_text()
+        True
+        >>> lowered.compile()(jnp.full(3, 2.0), 2)
+        Array([4., 4., 4.], dtype=float32)
+
+        ```
+        """
+        leaves, treedef = flatten_call(args, kwargs)
+        kinds = leaf_kinds(leaves)
+        depth = silencing_depth()
+        try:
+            try:
+                key = MixedKey(treedef, kinds, leaves)
+            except TypeError:
+                raise_if_unhashable(args, kwargs)
+                raise
+            dynamic = list(compress(leaves, kinds))
+            kept, donated = self._split_donated(args, kinds, dynamic)
+            with warnings.catch_warnings():
+                if self.mode.silences_warning:
+                    warnings.filterwarnings("ignore", message=DONATION_WARNING)
+                lowered = self.compiled.keyed.lower(
+                    key, self.fun_dynamic, kept, donated
+                )
+        finally:
+            restore_warnings(depth)
+        plan = plan_call(
+            key,
+            self.fun_dynamic,
+            len(kept),
+            self.mode.silences_warning,
+            args,
+            kwargs,
+        )
+        return Lowered(lowered, plan)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        # Used as a decorator in a class body: `model.method` becomes a pytree
+        # whose child is `model`, so the model's arrays are traced, not hashed.
+        if instance is None:
+            return self
+        return _JitBoundMethod(self, instance)
+
+    def __repr__(self) -> str:
+        return f"<filter_jit of {getattr(self, '__qualname__', self.fun)!s}>"
+
+
+class _ExceptFirstJitWrapper(JitWrapper):
+    """For `donate="warn-except-first"`: the direct route passes the first
+    argument apart, so that it is not donated."""
+
+    def _direct_groups(self, args: tuple, kwargs: dict) -> tuple | None:
+        if not args:
+            return None
+        return self.fun_dynamic, args[:1], args[1:], kwargs
+
+
+class _SilencingMixin(JitWrapper):
+    """For `donate="all"` and `"all-except-first"`: undoes, once the call
+    returns, the warning filter that tracing installed."""
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        depth = silencing_depth()
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            restore_warnings(depth)
+
+
+class _SilencingJitWrapper(_SilencingMixin, JitWrapper):
+    pass
+
+
+class _SilencingExceptFirstJitWrapper(_SilencingMixin, _ExceptFirstJitWrapper):
+    pass
+
+
+_WRAPPER_TYPES: dict[DonateMode, type[JitWrapper]] = {
+    DonateMode.NONE: JitWrapper,
+    DonateMode.WARN: JitWrapper,
+    DonateMode.ALL: _SilencingJitWrapper,
+    DonateMode.WARN_EXCEPT_FIRST: _ExceptFirstJitWrapper,
+    DonateMode.ALL_EXCEPT_FIRST: _SilencingExceptFirstJitWrapper,
+}
+
+
+def _flatten_wrapper(wrapper: JitWrapper) -> tuple[tuple[Any], tuple]:
+    return (wrapper.fun,), (type(wrapper), wrapper.mode, wrapper.compiled)
+
+
+def _unflatten_wrapper(static: tuple, children: Any) -> JitWrapper:
+    wrapper_type, mode, compiled = static
+    return wrapper_type(children[0], mode, compiled)
+
+
+for _wrapper_type in {*_WRAPPER_TYPES.values()}:
+    jtu.register_pytree_with_keys(
+        _wrapper_type,
+        lambda wrapper: (
+            ((jtu.GetAttrKey("fun"), wrapper.fun),),
+            _flatten_wrapper(wrapper)[1],
+        ),
+        _unflatten_wrapper,
+        flatten_func=_flatten_wrapper,
+    )
+
+
+class _JitBoundMethod(functools.partial):
+    """`model.method` for a method decorated with `filter_jit` in its class
+    body: a pytree whose child is `model` (like `BoundMethod`), which also
+    offers `.lower`.
+
+    A `functools.partial` subclass: creating and calling one happens in C, which
+    keeps `model(x)` on a decorated `__call__` almost as cheap as calling the
+    `filter_jit` function directly.
+    """
+
+    __slots__ = ()
+
+    @property
+    def __func__(self) -> JitWrapper:
+        wrapper: JitWrapper = self.func  # type: ignore[assignment]
+        return wrapper
+
+    @property
+    def __self__(self) -> Any:
+        return self.args[0]
+
+    def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
+        """As [`filter_jit(...).lower`][filterax.filter_jit], for this method."""
+        return self.__func__.lower(self.args[0], *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<bound method {self.func!r} of {self.args[0]!r}>"
+
+
+jtu.register_pytree_with_keys(
+    _JitBoundMethod,
+    lambda bound: (((jtu.GetAttrKey("__self__"), bound.args[0]),), bound.func),
+    lambda wrapper, children: _JitBoundMethod(wrapper, *children),
+    flatten_func=lambda bound: ((bound.args[0],), bound.func),
+)
+
+
+@overload
+def filter_jit(fun: _F, *, donate: Donate = "none") -> _F: ...
+
+
+@overload
+def filter_jit(fun: None = None, *, donate: Donate = "none") -> Callable[[_F], _F]: ...
+
+
+def filter_jit(fun: Any = None, *, donate: Donate = "none") -> Any:
+    """Compiles `fun`, tracing every array it is given and hashing everything else.
+
+    Every JAX or NumPy array leaf of the arguments (NumPy scalars and typed key
+    arrays included) and every `jax.Ref` is traced: calling again with new
+    values of the same shapes and dtypes reuses the compiled code. Every other
+    leaf (Python numbers, strings, functions...) is static: part of the
+    compilation cache key, so it must be hashable, and a new value compiles
+    again. Outputs that are not arrays come back as the very Python objects the
+    trace produced; a Ref the function was given and returns (a Module holding
+    state, say) comes back as the very Ref object that went in. Writes to Refs
+    made inside are visible after the call.
+
+    `fun` may be a function, a Module method (also as a decorator in the class
+    body) or a callable Module; arrays inside `fun` itself are traced too, so
+    two Modules of the same structure share one compilation. `fun` is traced
+    exactly once per compilation. Called inside another transformation (with
+    tracers), it becomes part of the enclosing program, and its trace is
+    cached like `jax.jit`'s.
+
+    **Arguments:**
+
+    - `fun`: the callable to compile. Omit it to get a decorator, as in
+      `@filter_jit(donate="all")`.
+    - `donate`: which argument buffers JAX may reuse for the outputs.
+      `"none"` (default); `"all"`: every array argument; `"all-except-first"`:
+      all but those in the first positional argument; `"warn"` and
+      `"warn-except-first"`: the same, but JAX's "Some donated buffers were
+      not usable" warning is shown (the other modes silence it). Arrays inside
+      `fun` itself (`filter_jit(model, donate="all")`) are donated by every mode
+      but `"none"`, as in Equinox.
+
+    **Returns:** the compiled function, a pytree whose child is `fun`, with a
+    `.lower(*args, **kwargs)` method for ahead-of-time compilation.
+
+    **Raises:** `ValueError` for an unknown `donate`. When called: `TypeError`
+    naming the argument's key path (like `args[1]['opts']`) if a non-array leaf
+    is unhashable.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> @fx.filter_jit
+    ... def scale(x, factor, label):
+    ...     return {"value": x * factor, "label": label.upper()}
+    >>> scale(jnp.arange(3.0), 2.0, label="doubled")
+    {'label': 'DOUBLED', 'value': Array([0., 2., 4.], dtype=float32)}
+
+    ```
+    """
+    mode = DonateMode.parse(donate)
+    if fun is None:
+        return functools.partial(filter_jit, donate=donate)
+    if not callable(fun):
+        raise TypeError(f"filter_jit: expected a callable, got {fun!r}.")
+    return _WRAPPER_TYPES[mode](fun, mode)

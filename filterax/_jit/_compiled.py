@@ -1,0 +1,215 @@
+"""The inner `jax.jit`s of `filter_jit`, shared by every wrapper of one function.
+
+A `Compiled` holds the two traced bodies (direct and keyed routes) for one
+function and donation mode, plus the per-route state that lets repeated calls
+skip work (the last static key). It is found again from the function itself:
+
+- a plain Python function by identity, through a weak reference, so its
+  compiled code is freed with it;
+- any other callable (a Module, a bound method, a `Partial`, a transform's
+  wrapper) by its *static part*: its treedef and non-array leaves. Its arrays
+  are traced arguments, so two Modules of the same structure (a model and its
+  updated copy, say) share compiled code, as do the clones JAX makes when it
+  unflattens a wrapper. These entries are kept in a bounded LRU.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+import types
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from .._caches import register_cache_clearer
+from .._split import StaticPart, clear_leaf_kinds, flatten, split
+from ._direct import check_direct_call
+from ._donate import DonateMode, silence_donation_warnings
+from ._keyed import ArraysKey, MixedKey, unpack_key
+from ._outputs import filter_output
+
+__all__ = ["Compiled", "compiled_for"]
+
+_MAX_KEYS = 256
+_MAX_STATIC_ENTRIES = 256
+
+
+class Compiled:
+    """The inner `jax.jit`s of one function, for one donation mode.
+
+    `keyed(key, fun_dynamic, kept, donated)` and `direct(fun_dynamic, args,
+    kwargs)` (`direct(fun_dynamic, first, rest, kwargs)` for the
+    `*-except-first` modes). `direct_ok` turns false, for good, once a call
+    needed the keyed route. `last_key` and `last_mixed_key` remember the static
+    key of the last keyed call, which the next call most likely shares.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "direct",
+        "direct_ok",
+        "keyed",
+        "keys",
+        "last_key",
+        "last_mixed_key",
+    )
+
+    def __init__(self, keyed: Any, direct: Any):
+        self.keyed = keyed
+        self.direct = direct
+        self.direct_ok = True
+        # Never equal to the treedef of a call's arguments (see `flatten_call`).
+        self.last_key = _NO_KEY
+        self.last_mixed_key: MixedKey | None = None
+        self.keys: dict[Any, ArraysKey] = {}
+
+    def arrays_key(self, treedef: Any) -> ArraysKey:
+        """The interned key for `treedef`; becomes the one tried first."""
+        key = self.keys.get(treedef)
+        if key is None:
+            if len(self.keys) >= _MAX_KEYS:
+                self.keys.clear()
+            key = self.keys[treedef] = ArraysKey(treedef)
+        self.last_key = key
+        return key
+
+
+_NO_KEY = ArraysKey(jax.tree_util.tree_structure(None))
+
+
+def _new_compiled(
+    fun_source: Callable[[list[Any]], Any], name: str, qualname: str, mode: DonateMode
+) -> Compiled:
+    """Builds the inner jitted functions.
+
+    `fun_source(fun_dynamic)` rebuilds the wrapped function from its traced
+    arrays. It never holds the function strongly when the function is found
+    by identity: the bodies, which JAX keeps as long as the jitted functions
+    live, must not keep it alive.
+    """
+
+    def resolve(fun_dynamic: list[Any]) -> Any:
+        fun = fun_source(fun_dynamic)
+        if mode.silences_warning:
+            silence_donation_warnings()
+        return fun
+
+    def keyed(
+        key: Any, fun_dynamic: list[Any], kept: list[Any], donated: list[Any]
+    ) -> Any:
+        dynamic = [*kept, *donated]
+        args, kwargs = unpack_key(key, dynamic)
+        out = resolve(fun_dynamic)(*args, **kwargs)
+        return filter_output(out, lambda: [*fun_dynamic, *dynamic])
+
+    def direct(fun_dynamic: list[Any], *groups: Any) -> Any:
+        if mode.except_first:
+            first, rest, kwargs = groups
+            args = (*first, *rest)
+        else:
+            args, kwargs = groups
+        check_direct_call()
+        out = resolve(fun_dynamic)(*args, **kwargs)
+        return filter_output(out, lambda: flatten((fun_dynamic, args, kwargs))[0])
+
+    # Named after `fun`, for readable jaxprs, HLO and profiles.
+    for body in (keyed, direct):
+        body.__name__ = name
+        body.__qualname__ = qualname
+    # The arrays inside `fun` (argument 1 of `keyed`, 0 of `direct`) are
+    # donated with the others, as Equinox does: `filter_jit(model, donate=...)`.
+    if not mode.donates:
+        keyed_donated: tuple[int, ...] = ()
+        direct_donated: tuple[int, ...] = ()
+    else:
+        keyed_donated = (1, 3)
+        direct_donated = (0, 2, 3) if mode.except_first else (0, 1, 2)
+    compiled = Compiled(
+        jax.jit(keyed, static_argnums=0, donate_argnums=keyed_donated),
+        jax.jit(direct, donate_argnums=direct_donated),
+    )
+    _LIVE.add(compiled)
+    return compiled
+
+
+# id(fun) -> (weak reference to fun, {donate mode: Compiled}). Keyed by
+# identity, as a function's `==` is identity anyway. The weak reference's
+# callback drops the entry (and with it the jitted functions and their
+# compiled code) once `fun` is garbage collected. One entry per function means
+# that `filter_jit(f)(x)` in a loop compiles once, as `jax.jit(f)(x)` does.
+_BY_IDENTITY: dict[int, tuple[weakref.ref, dict[DonateMode, Compiled]]] = {}
+# (static part, mode) -> Compiled, most recently used last.
+_BY_STATIC_PART: collections.OrderedDict[tuple[StaticPart, DonateMode], Compiled] = (
+    collections.OrderedDict()
+)
+_LIVE: weakref.WeakSet[Compiled] = weakref.WeakSet()
+_LOCK = threading.RLock()
+
+
+def _forget(fun_id: int, ref: weakref.ref) -> None:
+    # Runs from garbage collection, possibly while this thread holds the lock;
+    # dict operations are atomic, so no lock is taken.
+    entry = _BY_IDENTITY.get(fun_id)
+    if entry is not None and entry[0] is ref:
+        _BY_IDENTITY.pop(fun_id, None)
+
+
+def _names(fun: Any) -> tuple[str, str]:
+    name = getattr(fun, "__name__", None)
+    if not isinstance(name, str):
+        name = type(fun).__name__
+    qualname = getattr(fun, "__qualname__", None)
+    if not isinstance(qualname, str):
+        qualname = name
+    return name, qualname
+
+
+def compiled_for(fun: Any, mode: DonateMode) -> tuple[Compiled, list[Any]]:
+    """The shared `Compiled` for `fun` and the arrays inside `fun` (traced
+    arguments of every call)."""
+    name, qualname = _names(fun)
+    if isinstance(fun, types.FunctionType):
+        return _compiled_by_identity(fun, name, qualname, mode), []
+    fun_dynamic, fun_static = split(fun)
+    key = (fun_static, mode)
+    with _LOCK:
+        compiled = _BY_STATIC_PART.get(key)
+        if compiled is None:
+            compiled = _new_compiled(fun_static.merge, name, qualname, mode)
+            _BY_STATIC_PART[key] = compiled
+            if len(_BY_STATIC_PART) > _MAX_STATIC_ENTRIES:
+                _BY_STATIC_PART.popitem(last=False)
+        else:
+            _BY_STATIC_PART.move_to_end(key)
+    return compiled, fun_dynamic
+
+
+def _compiled_by_identity(
+    fun: Any, name: str, qualname: str, mode: DonateMode
+) -> Compiled:
+    with _LOCK:
+        fun_id = id(fun)
+        entry = _BY_IDENTITY.get(fun_id)
+        if entry is None or entry[0]() is not fun:
+            entry = (weakref.ref(fun, functools.partial(_forget, fun_id)), {})
+            _BY_IDENTITY[fun_id] = entry
+        compiled = entry[1].get(mode)
+        if compiled is None:
+            source = entry[0]
+            compiled = _new_compiled(lambda _: source(), name, qualname, mode)
+            entry[1][mode] = compiled
+        return compiled
+
+
+@register_cache_clearer
+def _clear_jit_caches() -> None:
+    for compiled in list(_LIVE):
+        compiled.keyed.clear_cache()
+        compiled.direct.clear_cache()
+    with _LOCK:
+        _BY_STATIC_PART.clear()
+    clear_leaf_kinds()

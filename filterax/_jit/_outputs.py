@@ -1,0 +1,73 @@
+"""What leaves a `filter_jit` trace: arrays, and everything else in the treedef.
+
+Inside the trace, `filter_output` returns the output itself when every leaf is
+an array (JAX rebuilds it in C++), and otherwise a `MixedOutput`: the array
+leaves as its children, and the output's `StaticPart` (treedef, where the arrays
+sit, the other leaves) as static node data.
+
+JAX refuses to return a `jax.Ref` from a compiled function. A Ref in the output
+that came in as an argument is replaced by an `InputRef` marker naming its
+position among the traced inputs; `MixedOutput.rebuild` puts the very Ref
+object that went in back in its place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import compress
+from typing import Any
+
+import jax.tree_util as jtu
+
+from .._filters import is_ref
+from .._split import (
+    STATIC,
+    STATIC_MASK,
+    TRACER,
+    StaticPart,
+    flatten,
+    leaf_kinds,
+    mark_input_refs,
+    restore_input_refs,
+)
+
+__all__ = ["MixedOutput", "filter_output"]
+
+
+class MixedOutput:
+    """An output with non-array leaves, as it leaves the compiled function."""
+
+    __slots__ = ("arrays", "static")
+
+    def __init__(self, arrays: list[Any], static: StaticPart):
+        self.arrays = arrays
+        self.static = static
+
+    def rebuild(self, inputs: Callable[[], Sequence[Any]]) -> Any:
+        """The output; `inputs()` gives the flattened traced inputs of the call,
+        needed only when the output returns input Refs."""
+        return restore_input_refs(self.static, inputs).merge(self.arrays)
+
+
+jtu.register_pytree_node(
+    MixedOutput,
+    lambda out: ((out.arrays,), out.static),
+    lambda static, children: MixedOutput(children[0], static),
+)
+
+
+def filter_output(out: Any, traced_inputs: Callable[[], Sequence[Any]]) -> Any:
+    """Inside the trace: `out` itself when all its leaves are arrays, else a
+    `MixedOutput`. `traced_inputs()` gives the traced inputs, in the order that
+    `InputRef` positions count."""
+    leaves, treedef = flatten(out)
+    kinds = leaf_kinds(leaves)
+    if TRACER in kinds and any(map(is_ref, leaves)):
+        leaves = mark_input_refs(leaves, traced_inputs(), "filter_jit")
+        kinds = leaf_kinds(leaves)
+    if STATIC not in kinds:
+        return out
+    static = tuple(compress(leaves, kinds.translate(STATIC_MASK)))
+    return MixedOutput(
+        list(compress(leaves, kinds)), StaticPart(treedef, kinds, static)
+    )

@@ -1,0 +1,418 @@
+"""`filter_pmap`: `jax.pmap` over the arrays of arbitrary pytrees.
+
+Argument and axis handling are `filter_vmap`'s (see `_axes.py`). Like
+`filter_jit`, everything that is not an array is static: the arguments'
+`StaticPart` is passed to `jax.pmap` as a static broadcasted argument.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Hashable
+from typing import Any, Literal, TypeVar, overload
+
+import jax
+import jax.tree_util as jtu
+import numpy as np
+
+from .._compat import DONATION_WARNING
+from .._module import BoundMethod
+from .._split import StaticPart, is_dynamic_leaf, shape_signature
+from .._structure import tree_diff
+from ._axes import (
+    DEFAULT_AXES,
+    MappedArguments,
+    MappedOutput,
+    batch_size,
+    call_path,
+    map_arguments,
+    split_mapped_output,
+    unmapped_output_error,
+)
+
+__all__ = ["PmapCompiled", "PmapLowered", "PmapWrapper", "filter_pmap"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_WHO = "filter_pmap"
+
+
+class PmapWrapper:
+    """What `filter_pmap` returns: a pytree whose child is the wrapped function
+    and whose static data are the mapping options."""
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        in_axes: Any,
+        out_axes: Any,
+        axis_name: Hashable | None,
+        axis_size: int | None,
+        donate: str,
+        pmap_kwargs: tuple[tuple[str, Any], ...],
+    ):
+        self.fun = fun
+        self.in_axes = in_axes
+        self.out_axes = out_axes
+        self.axis_name = axis_name
+        self.axis_size = axis_size
+        self.donate = donate
+        self.pmap_kwargs = pmap_kwargs
+        # One `jax.pmap` per tuple of per-leaf input axes (they must be fixed
+        # when `jax.pmap` is called); each compiles per static part.
+        self._pmapped: dict[tuple[int | None, ...], Any] = {}
+        self.__wrapped__ = fun
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            try:
+                setattr(self, attribute, getattr(fun, attribute))
+            except AttributeError:
+                pass
+
+    def _options(self) -> tuple:
+        return (
+            self.in_axes,
+            self.out_axes,
+            self.axis_name,
+            self.axis_size,
+            self.donate,
+            self.pmap_kwargs,
+        )
+
+    def _body(
+        self, static: StaticPart, dynamic: list[Any]
+    ) -> tuple[list, list, MappedOutput]:
+        args, kwargs = static.merge(dynamic[: static.num_dynamic])
+        return split_mapped_output(
+            self.fun(*args, **kwargs), self.out_axes, _WHO, dynamic
+        )
+
+    def _pmapped_for(self, axes: tuple[int | None, ...]) -> Any:
+        pmapped = self._pmapped.get(axes)
+        if pmapped is None:
+            pmapped = jax.pmap(
+                self._body,
+                in_axes=(None, list(axes)),
+                out_axes=(0, None, None),
+                static_broadcasted_argnums=(0,),
+                axis_name=self.axis_name,
+                axis_size=self.axis_size,
+                donate_argnums=() if self.donate == "none" else (1,),
+                **dict(self.pmap_kwargs),
+            )
+            self._pmapped[axes] = pmapped
+        return pmapped
+
+    def _prepare(
+        self, args: tuple, kwargs: dict
+    ) -> tuple[tuple[int | None, ...], MappedArguments, list[Any]]:
+        """The per-leaf input axes, the split call and its dynamic leaves (with
+        a dummy mapped array when nothing is mapped: `jax.pmap` needs one)."""
+        call = map_arguments(self.fun, self.in_axes, args, kwargs, _WHO)
+        size = batch_size(call.mapped, self.axis_size, _WHO)
+        try:
+            hash(call.static)
+        except TypeError:
+            _raise_unhashable(args, kwargs)
+        dynamic, axes = list(call.dynamic), list(call.axes)
+        if not call.mapped:
+            dynamic.append(np.zeros(size, np.int8))
+            axes.append(0)
+        return tuple(axes), call, dynamic
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        axes, call, dynamic = self._prepare(args, kwargs)
+        try:
+            with warnings.catch_warnings():
+                if self.donate == "all":
+                    warnings.filterwarnings("ignore", message=DONATION_WARNING)
+                mapped, unmapped, info = self._pmapped_for(axes)(call.static, dynamic)
+        except ValueError as error:
+            if "but output was batched" in str(error):
+                everything_mapped = jax.vmap(
+                    functools.partial(self._body, call.static),
+                    in_axes=(list(axes),),
+                    axis_name=self.axis_name,
+                    axis_size=self.axis_size,
+                )
+                _, _, info = jax.eval_shape(everything_mapped, dynamic)
+                unmapped_output_error(error, info.unmapped_paths, _WHO)
+            raise
+        return info.rebuild(mapped, unmapped, _WHO, lambda: dynamic)
+
+    def lower(self, /, *args: Any, **kwargs: Any) -> PmapLowered:
+        """Lowers `fun(*args, **kwargs)` ahead of time.
+
+        **Arguments:** the arguments of a call.
+
+        **Returns:** a [`PmapLowered`][filterax._mapping._pmap.PmapLowered]:
+        JAX's `jax.stages.Lowered` for the underlying `jax.pmap` (`as_text()`
+        and the rest), whose `compile()` gives a function called with the
+        original arguments.
+
+        ```python
+        >>> import jax.numpy as jnp
+        >>> import filterax as fx
+        >>> lowered = fx.filter_pmap(lambda x, n: x + n).lower(jnp.ones((1, 3)), 2)
+        >>> "stablehlo" in lowered.as_text()
+        True
+        >>> lowered.compile()(jnp.zeros((1, 3)), 2)
+        Array([[2., 2., 2.]], dtype=float32)
+
+        ```
+        """
+        axes, call, dynamic = self._prepare(args, kwargs)
+        lowered = self._pmapped_for(axes).lower(call.static, dynamic)
+        return PmapLowered(
+            lowered, self, axes, call.static, _shapes(dynamic), (args, kwargs)
+        )
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return BoundMethod(self, instance)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is PmapWrapper
+            and self.fun == other.fun  # type: ignore[attr-defined]
+            and self._options() == other._options()  # type: ignore[attr-defined]
+        )
+
+    def __hash__(self) -> int:
+        return hash((PmapWrapper, self.fun, self._options()))
+
+    def __repr__(self) -> str:
+        return f"<filter_pmap of {getattr(self, '__qualname__', self.fun)!s}>"
+
+
+def _raise_unhashable(args: tuple, kwargs: dict) -> None:
+    for path, leaf in jtu.tree_leaves_with_path((args, kwargs)):
+        if is_dynamic_leaf(leaf):
+            continue
+        try:
+            hash(leaf)
+        except TypeError as error:
+            raise TypeError(
+                f"{_WHO}: the argument at {call_path(path)} is an unhashable "
+                f"{type(leaf).__name__} ({error}); non-array leaves are static and "
+                "must be hashable."
+            ) from None
+    raise TypeError(f"{_WHO}: a non-array argument is unhashable.")
+
+
+def _shapes(leaves: list[Any]) -> list[tuple[tuple[int, ...], Any]]:
+    return [(leaf.shape, leaf.dtype) for leaf in leaves]
+
+
+class PmapLowered:
+    """`filter_pmap(f).lower(*args, **kwargs)`: JAX's `Lowered` for that call.
+
+    `compile(compiler_options=...)` gives a [`PmapCompiled`][]; every other
+    attribute (`as_text()`, `cost_analysis()`, ...) is `jax.stages.Lowered`'s.
+    """
+
+    def __init__(
+        self,
+        lowered: Any,
+        wrapper: PmapWrapper,
+        axes: tuple[int | None, ...],
+        static: StaticPart,
+        signature: list[tuple[tuple[int, ...], Any]],
+        example: tuple[tuple, dict],
+    ):
+        self._lowered = lowered
+        self._wrapper = wrapper
+        self._axes = axes
+        self._static = static
+        self._example = example
+        self._signature = signature
+
+    def compile(self, compiler_options: dict[str, Any] | None = None) -> PmapCompiled:
+        """Compiles the lowered call.
+
+        **Arguments:**
+
+        - `compiler_options`: XLA compiler options, as for
+          `jax.stages.Lowered.compile`.
+
+        **Returns:** a [`PmapCompiled`][], called with arguments like the
+        lowered call's.
+
+        ```python
+        >>> import jax.numpy as jnp
+        >>> import filterax as fx
+        >>> compiled = fx.filter_pmap(lambda x: 2 * x).lower(jnp.ones((1, 2))).compile()
+        >>> compiled(jnp.ones((1, 2)))
+        Array([[2., 2.]], dtype=float32)
+
+        ```
+        """
+        compiled = self._lowered.compile(compiler_options)
+        return PmapCompiled(compiled, self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lowered, name)
+
+
+class PmapCompiled:
+    """A compiled `filter_pmap` call, called with the original arguments: their
+    non-array parts and mapped axes must be the lowered call's, their arrays the
+    same shapes and dtypes."""
+
+    def __init__(self, compiled: Any, lowered: PmapLowered):
+        self._compiled = compiled
+        self._lowered = lowered
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        lowered = self._lowered
+        wrapper = lowered._wrapper
+        axes, call, dynamic = wrapper._prepare(args, kwargs)
+        if (
+            axes != lowered._axes
+            or call.static != lowered._static
+            or _shapes(dynamic) != lowered._signature
+        ):
+            differences = tree_diff(
+                shape_signature(lowered._example),
+                shape_signature((args, kwargs)),
+                max_differences=3,
+            )
+            listing = "; ".join(
+                f"at {d.where('(args, kwargs)')}: {d.detail}" for d in differences
+            )
+            raise ValueError(
+                f"{_WHO}: a compiled function was called with arguments that differ "
+                f"from the ones it was lowered for ({listing or 'their mapped axes'}). "
+                "Call it with the same structure, non-array values and axes, or "
+                "lower it again."
+            )
+        with warnings.catch_warnings():
+            if wrapper.donate == "all":
+                warnings.filterwarnings("ignore", message=DONATION_WARNING)
+            mapped, unmapped, info = self._compiled(dynamic)
+        return info.rebuild(mapped, unmapped, _WHO, lambda: dynamic)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._compiled, name)
+
+
+def _unflatten_pmap(options: tuple, children: Any) -> PmapWrapper:
+    (fun,) = children
+    return PmapWrapper(fun, *options)
+
+
+jtu.register_pytree_with_keys(
+    PmapWrapper,
+    lambda wrapper: (((jtu.GetAttrKey("fun"), wrapper.fun),), wrapper._options()),
+    _unflatten_pmap,
+    flatten_func=lambda wrapper: ((wrapper.fun,), wrapper._options()),
+)
+
+
+@overload
+def filter_pmap(
+    fun: _F,
+    *,
+    in_axes: Any = ...,
+    out_axes: Any = ...,
+    axis_name: Hashable | None = None,
+    axis_size: int | None = None,
+    donate: Literal["none", "all", "warn"] = "none",
+    **pmap_kwargs: Any,
+) -> _F: ...
+
+
+@overload
+def filter_pmap(
+    fun: None = None,
+    *,
+    in_axes: Any = ...,
+    out_axes: Any = ...,
+    axis_name: Hashable | None = None,
+    axis_size: int | None = None,
+    donate: Literal["none", "all", "warn"] = "none",
+    **pmap_kwargs: Any,
+) -> Callable[[_F], _F]: ...
+
+
+def filter_pmap(
+    fun: Any = None,
+    *,
+    in_axes: Any = DEFAULT_AXES,
+    out_axes: Any = DEFAULT_AXES,
+    axis_name: Hashable | None = None,
+    axis_size: int | None = None,
+    donate: Literal["none", "all", "warn"] = "none",
+    **pmap_kwargs: Any,
+) -> Any:
+    """Runs `fun` in parallel over devices, mapping over the arrays of arbitrary
+    pytrees.
+
+    The conventions are [`filter_vmap`][filterax.filter_vmap]'s: by default
+    every array leaf is split over its leading axis, one slice per device, and
+    everything else is broadcast; arrays inside `fun` itself are broadcast too.
+    Like [`filter_jit`][filterax.filter_jit], the function is compiled: array
+    leaves are traced, every other leaf is static (hashed; a new value
+    compiles again), and non-array outputs come back as Python objects.
+
+    For new code, consider `filter_jit` with sharded inputs (see
+    [`filter_shard`][filterax.filter_shard]), which JAX recommends over
+    `pmap`.
+
+    **Arguments:**
+
+    - `fun`: the function to parallelise. Omit it to get a decorator.
+    - `in_axes`, `out_axes`, `axis_name`, `axis_size`: as for `filter_vmap`.
+      The mapped size must not exceed the number of devices used.
+    - `donate`: `"none"` (default), `"all"` (donate every array argument and
+      silence JAX's unusable-donation warning) or `"warn"` (donate, and let the
+      warning through).
+    - `**pmap_kwargs`: passed on to `jax.pmap` (`devices`, `backend`...).
+
+    **Returns:** the parallelised function, with a `.lower(*args, **kwargs)`
+    method.
+
+    **Raises:** when called, the errors of `filter_vmap`, and `TypeError` naming
+    the key path of an unhashable non-array argument leaf.
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> import filterax as fx
+    >>> n = jax.local_device_count()
+    >>> @fx.filter_pmap(axis_name="devices")
+    ... def normalise(x, label):
+    ...     return x / jax.lax.psum(x, "devices"), label
+    >>> out, label = normalise(jnp.ones(n), "shares")
+    >>> bool(jnp.allclose(out, 1 / n)), label
+    (True, 'shares')
+
+    ```
+    """
+    if donate not in ("none", "all", "warn"):
+        raise ValueError(
+            f"filter_pmap: donate={donate!r} is not one of 'none', 'all', 'warn'."
+        )
+    if fun is None:
+        return functools.partial(
+            filter_pmap,
+            in_axes=in_axes,
+            out_axes=out_axes,
+            axis_name=axis_name,
+            axis_size=axis_size,
+            donate=donate,
+            **pmap_kwargs,
+        )
+    if not callable(fun):
+        raise TypeError(f"filter_pmap: expected a callable, got {fun!r}.")
+    return PmapWrapper(
+        fun,
+        in_axes,
+        out_axes,
+        axis_name,
+        axis_size,
+        donate,
+        tuple(
+            (name, tuple(value) if isinstance(value, list) else value)
+            for name, value in sorted(pmap_kwargs.items(), key=lambda item: item[0])
+        ),
+    )

@@ -1,0 +1,33 @@
+"""Module machinery: `Module`, its construction, bound methods, `Partial`.
+
+- `_module.py`: the metaclass, `Module`, `BoundMethod` and the descriptor that
+  binds plain methods.
+- `_construction.py`: generated and custom `__init__`s, the steps that follow
+  `__init__` (defaults, converters, checks), pytree registration and JAX's
+  unflatten.
+- `_field.py`: `field`, `static_field`. `_abstract.py`: `AbstractVar`,
+  `AbstractClassVar`. `_partial.py`: `Partial`. `_wrappers.py`:
+  `module_update_wrapper`.
+
+May import: `jax`, `_compat` (the only home of JAX internals), `_filters`,
+`_structure`, `_pretty` and `_tree` (printing and equality sit below Modules and
+know nothing about them).
+"""
+
+from ._abstract import AbstractClassVar, AbstractVar
+from ._field import StaticArrayWarning, field, static_field
+from ._module import BoundMethod, Module
+from ._partial import Partial
+from ._wrappers import module_update_wrapper
+
+__all__ = [
+    "AbstractClassVar",
+    "AbstractVar",
+    "BoundMethod",
+    "Module",
+    "Partial",
+    "StaticArrayWarning",
+    "field",
+    "module_update_wrapper",
+    "static_field",
+]

@@ -1,0 +1,640 @@
+"""How a Module instance comes to be: generated `__init__`, custom-`__init__`
+wrapping, the checks that follow `__init__`, pytree registration and JAX's
+unflatten.
+
+Construction runs through `type.__call__` (C) straight into the class's
+`__init__`; every hook lives in that `__init__`, so a plain Module costs one
+Python frame to build, like a dataclass.
+
+After the outermost `__init__` (and, for a generated one, `__post_init__`)
+returns, in this order (`ClassPlan.finish`): fields a custom `__init__` left
+unset get their defaults (no default: `TypeError`), converters run, static
+values are checked (hashable; JAX arrays warn), JAX-transformed Modules
+assigned as attributes warn, and every `__check_init__` of the MRO runs.
+
+JAX unflattens a C++ dataclass node by calling `cls(**fields)`, which must not
+run those steps (converters, checks, jaxtyping's argument checks). Three cases,
+decided when the class is registered (see `ClassPlan.register`):
+
+- A *plain* class (generated `__init__`, no converters, no checks): storing the
+  fields (and re-checking static values, which is idempotent) is all `__init__`
+  does, so the call needs nothing special.
+- A custom `__init__` that cannot be called with every field by keyword (the
+  usual `Linear(in_size, out_size, key)`): such a call can only be an
+  unflatten, and the `__init__` wrapper recognises it by its keywords.
+- Anything else is registered with one extra meta field, `__class__`, whose
+  value is the class itself: finding it among the keyword arguments is how
+  `__init__` recognises an unflatten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import re
+import sys
+import threading
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from .._compat import register_dataclass_node
+from ._field import StaticArrayWarning
+
+__all__ = [
+    "ClassPlan",
+    "effective_fields",
+    "guard_replaced_init",
+    "make_generated_init",
+    "module_delattr",
+    "module_setattr",
+    "unpickle",
+    "wrap_custom_init",
+]
+
+_UNFLATTEN_FIELD = "__class__"
+_REGISTRATION_LOCK = threading.Lock()
+
+# Instances whose `__init__` (or `__post_init__`) is running, by `id`: only these
+# accept attribute assignment.
+_INITIALISING: set[int] = set()
+
+_warned_static_arrays: set[tuple[type, str]] = set()
+_object_setattr = object.__setattr__
+_MISSING = dataclasses.MISSING
+
+
+def effective_fields(cls: type) -> tuple[dataclasses.Field, ...]:
+    """The dataclass fields of `cls` that are instance state.
+
+    A field that a subclass overrides with a plain class attribute or a
+    property (without re-declaring it as a field) is resolved by the class, as
+    an abstract attribute would be: it is not instance state, not a pytree
+    child, and need not be set by `__init__`.
+    """
+    kept = []
+    for f in dataclasses.fields(cls):
+        for klass in cls.__mro__:
+            if f.name in klass.__dict__.get("__annotations__", {}):
+                kept.append(f)  # the nearest mention declares the field
+                break
+            if f.name in klass.__dict__:
+                break  # overridden by a class attribute or property
+        else:  # pragma: no cover - a field is always declared somewhere
+            kept.append(f)
+    return tuple(kept)
+
+
+class ClassPlan:
+    """What construction needs to know about one Module class, computed once."""
+
+    __slots__ = (
+        "abstract_error",
+        "check_inits",
+        "converters",
+        "custom_init",
+        "data_fields",
+        "defaults",
+        "field_count",
+        "field_names",
+        "generated_init",
+        "meta_fields",
+        "plain",
+        "registered",
+        "static_names",
+        "unflatten_keys",
+        "uses_marker",
+    )
+
+    def __init__(self, cls: type, custom_init: bool, abstract_error: str | None):
+        fields = effective_fields(cls)
+        self.abstract_error = abstract_error
+        self.custom_init = custom_init
+        self.data_fields = [f.name for f in fields if not f.metadata.get("static")]
+        self.meta_fields = [f.name for f in fields if f.metadata.get("static")]
+        self.static_names = tuple(self.meta_fields)
+        self.field_names = frozenset(f.name for f in fields)
+        self.field_count = len(self.field_names)
+        self.converters = tuple(
+            (f.name, f.metadata["converter"])
+            for f in fields
+            if "converter" in f.metadata
+        )
+        self.check_inits = tuple(
+            k.__dict__["__check_init__"]
+            for k in cls.__mro__
+            if "__check_init__" in k.__dict__
+        )
+        # For fields a custom `__init__` leaves unset: how to make the value.
+        self.defaults = tuple(
+            (f.name, _default_maker(f))
+            for f in fields
+            if f.default is not _MISSING or f.default_factory is not _MISSING
+        )
+        self.plain = not (
+            custom_init
+            or abstract_error
+            or hasattr(cls, "__post_init__")
+            or self.check_inits
+            or self.converters
+            or any(not f.init for f in fields)
+        )
+        self.generated_init: Callable[..., None] | None = None
+        self.registered = False
+        self.uses_marker = True
+        # The keyword names of JAX's unflatten call when it carries no marker
+        # (every field, nothing else); `None` while registration is pending or
+        # when the marker is used.
+        self.unflatten_keys: frozenset[str] | None = None
+
+    def register(self, cls: type) -> None:
+        """Registers `cls` as a C++ dataclass pytree node, once.
+
+        Deferred to the first construction so that decorators applied to the
+        class after its creation are seen: jaxtyping's `jaxtyped` replaces
+        `__init__`, and then even a plain class needs the unflatten marker.
+        """
+        with _REGISTRATION_LOCK:
+            if self.registered:
+                return
+            init = cls.__init__
+            self.uses_marker = not (
+                (self.plain and init is self.generated_init)
+                or (
+                    getattr(init, "__filterax_custom_init__", False)
+                    and self.field_names
+                    and not _accepts_every_field_by_keyword(init, self.field_names)
+                )
+            )
+            if not self.uses_marker:
+                self.unflatten_keys = self.field_names
+                # Read by the custom-`__init__` wrapper on every unflatten: a
+                # class attribute is one lookup.
+                type.__setattr__(cls, "__filterax_unflatten_keys__", self.field_names)
+            marker = [_UNFLATTEN_FIELD] if self.uses_marker else []
+            register_dataclass_node(cls, self.data_fields, [*self.meta_fields, *marker])
+            self.registered = True
+
+    def finish(self, instance: Any) -> None:
+        """Everything that follows the outermost `__init__` (see the module
+        docstring), for one new instance."""
+        cls = type(instance)
+        values = instance.__dict__
+        if len(values) < self.field_count:
+            _fill_unset_fields(cls, self, values)
+        for name, converter in self.converters:
+            try:
+                values[name] = converter(values[name])
+            except Exception as error:
+                raise type(error)(
+                    f"{cls.__qualname__}.{name}: the field's converter "
+                    f"{getattr(converter, '__name__', converter)!r} raised: {error}"
+                ) from error
+        for name in self.static_names:
+            check_static_value(cls, name, values[name])
+        if not _SUSPECT_TYPES.isdisjoint(map(type, values.values())):
+            warn_if_transformed(instance)
+        for check in self.check_inits:
+            check(instance)
+
+
+def _default_maker(f: dataclasses.Field) -> Callable[[], Any]:
+    if f.default_factory is not _MISSING:
+        return f.default_factory
+    default = f.default
+    return lambda: default
+
+
+def _fill_unset_fields(cls: type, plan: ClassPlan, values: dict[str, Any]) -> None:
+    for name, make_default in plan.defaults:
+        if name not in values:
+            values[name] = make_default()
+    missing = sorted(name for name in plan.field_names if name not in values)
+    if missing:
+        names = ", ".join(repr(name) for name in missing)
+        subject = f"Field {names} was" if len(missing) == 1 else f"Fields {names} were"
+        raise TypeError(
+            f"{subject} not initialized. {cls.__qualname__}.__init__ must assign "
+            f"every field without a default (`self.{missing[0]} = ...`) before it "
+            "returns."
+        )
+
+
+def _accepts_every_field_by_keyword(
+    init: Callable[..., None], field_names: frozenset[str]
+) -> bool:
+    """Whether a user could call `init` with every field by keyword (then such a
+    call is not necessarily JAX's unflatten)."""
+    try:
+        signature = inspect.signature(init)  # follows `__wrapped__` to the user's
+        signature.bind(None, **dict.fromkeys(field_names))
+    except TypeError:
+        return False
+    except ValueError:  # no signature to inspect: assume the worst
+        return True
+    return True
+
+
+def unpickle(cls: type, state: dict[str, Any]) -> Any:
+    """Rebuilds a pickled Module without `__init__` (registering its class first,
+    as a fresh process may not have constructed one yet)."""
+    plan = cls.__dict__["__filterax_plan__"]
+    if not plan.registered:
+        plan.register(cls)
+    self = object.__new__(cls)
+    object.__setattr__(self, "__dict__", state)
+    return self
+
+
+# --- checks on field values ----------------------------------------------------------
+
+
+def check_static_value(cls: type, name: str, value: Any) -> None:
+    """A static field's value must be hashable: it is part of the treedef and of
+    every compilation cache key. JAX arrays (unhashable) only warn, as in
+    Equinox; anything else unhashable is refused."""
+    try:
+        hash(value)
+        return
+    except TypeError as error:
+        reason = error
+    if any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(value)):
+        if (cls, name) not in _warned_static_arrays:
+            _warned_static_arrays.add((cls, name))
+            warnings.warn(
+                f"A JAX array is being set as static! ({cls.__qualname__}.{name}) "
+                "Static fields are compile-time constants hashed on every "
+                "transform call, and JAX arrays are not hashable; store arrays in "
+                "ordinary fields, or wrap them in filterax.NonDifferentiable to "
+                "exclude them from gradients.",
+                StaticArrayWarning,
+                stacklevel=4,
+            )
+        return
+    raise TypeError(
+        f"{cls.__qualname__}.{name} is a static field, so its value must be "
+        f"hashable, but it is an unhashable {type(value).__name__} ({reason}). A "
+        "static value is a compile-time constant: mutating it later would leave "
+        "compiled functions stale. Use an immutable value (a tuple instead of a "
+        "list, a frozenset or tuple of pairs instead of a dict), or make the "
+        "field non-static."
+    )
+
+
+_PJIT_FUNCTION_TYPE = type(jax.jit(lambda: None))
+# Types of values that may be JAX transforms wrapping a Module (jax.grad and
+# friends return plain functions carrying `__wrapped__`).
+_SUSPECT_TYPES = frozenset(
+    {types.FunctionType, _PJIT_FUNCTION_TYPE, jax.custom_jvp, jax.custom_vjp}
+)
+# Types whose instances are always hashable: a static value of one of these
+# needs no check.
+_ALWAYS_HASHABLE = frozenset(
+    {
+        int,
+        float,
+        complex,
+        bool,
+        str,
+        bytes,
+        type(None),
+        types.FunctionType,
+        types.BuiltinFunctionType,
+        type,
+        frozenset,
+        range,
+    }
+)
+_MODULE_TYPES: list[type] = []  # filled by `_module.py` with `Module`
+
+
+def _wrapped_by_transform(value: Any) -> Any:
+    """What a chain of JAX transforms (`jax.hessian` is `jacfwd(jacrev(f))`)
+    ultimately wraps, or `None`."""
+    for _ in range(16):
+        if isinstance(value, (jax.custom_jvp, jax.custom_vjp)):
+            inner = value.fun
+        elif type(value) is types.FunctionType:
+            inner = value.__dict__.get("__wrapped__")
+        elif type(value) is _PJIT_FUNCTION_TYPE:
+            inner = getattr(value, "__wrapped__", None)
+        else:
+            return value
+        if inner is None:
+            return None
+        value = inner
+    return None
+
+
+def warn_if_transformed(instance: Any) -> None:
+    """Warns about fields holding a JAX transform (`jax.jit`, `jax.grad`,
+    `jax.vmap`, `jax.custom_vjp`...) applied directly to a Module: JAX treats
+    the Module as a constant of the transformed function, so its arrays are
+    neither traced nor seen by `filter_grad` or an optimiser."""
+    module_type = _MODULE_TYPES[0]
+    for name, value in instance.__dict__.items():
+        if type(value) not in _SUSPECT_TYPES:
+            continue
+        inner = _wrapped_by_transform(value)
+        if isinstance(inner, module_type):
+            warnings.warn(
+                "Possibly assigning a JAX-transformed callable as an attribute on "
+                f"{type(instance).__qualname__}.{name}: it wraps a "
+                f"{type(inner).__qualname__}, whose arrays are then hidden from "
+                "every transform (never updated by an optimiser). Use the filtered "
+                "transforms instead (`filterax.filter_jit(module)`, "
+                "`filterax.filter_grad`...), which keep the Module a pytree.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+# --- generated __init__ ----------------------------------------------------------------
+
+
+class _FactorySentinel:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_FACTORY = _FactorySentinel()
+
+
+def _converter_annotation(converter: Callable[[Any], Any]) -> Any:
+    """The `__init__` annotation of a converted field: the type the converter
+    accepts (its first parameter's annotation), or `Any`."""
+    try:
+        parameters = list(inspect.signature(converter).parameters.values())
+    except (TypeError, ValueError):
+        return Any
+    if not parameters or parameters[0].annotation is inspect.Parameter.empty:
+        return Any
+    return parameters[0].annotation
+
+
+def _is_init_var(annotation: Any) -> bool:
+    """Whether a dataclass annotation is an `InitVar` (passed to `__init__` and
+    `__post_init__`, never stored)."""
+    if isinstance(annotation, str):
+        return re.match(r"^\s*(?:dataclasses\.)?InitVar\b", annotation) is not None
+    return isinstance(annotation, dataclasses.InitVar) or (
+        annotation is dataclasses.InitVar
+    )
+
+
+def _inherited_init_doc(cls: type) -> str | None:
+    for base in cls.__mro__[1:]:
+        doc = getattr(base.__dict__.get("__init__"), "__doc__", None)
+        if doc:
+            return doc
+    return None
+
+
+def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
+    """A dataclass-style `__init__` that stores into `__dict__` directly and runs
+    the post-init steps; faster than a frozen dataclass's.
+
+    Non-plain classes also accept the unflatten call (`__class__=cls` plus every
+    field by keyword) through `**unflatten`, and then only store the fields.
+    """
+    fields = effective_fields(cls)
+    names = {f.name for f in fields}
+    entries = [
+        f
+        for f in cls.__dataclass_fields__.values()  # type: ignore[attr-defined]
+        if f.name in names or _is_init_var(f.type)
+    ]
+    init_vars: list[str] = []
+    positional, keyword, body = [], [], []
+    defaults: dict[str, Any] = {}
+    closure: dict[str, Any] = {
+        "_fx_factory": _FACTORY,
+        "_fx_cls": cls,
+        "_fx_plan": plan,
+        "_fx_suspect": _SUSPECT_TYPES,
+        "_fx_warn_transformed": warn_if_transformed,
+        "_fx_check_static": check_static_value,
+        "_fx_hashable": _ALWAYS_HASHABLE,
+    }
+    annotations: dict[str, Any] = {}
+    seen_default = False
+    for f in entries:
+        if not f.init:
+            if f.default is not _MISSING:
+                closure[f"_fx_default_{f.name}"] = f.default
+                body.append(f"_fx_d[{f.name!r}] = _fx_default_{f.name}")
+            elif f.default_factory is not _MISSING:
+                closure[f"_fx_factory_{f.name}"] = f.default_factory
+                body.append(f"_fx_d[{f.name!r}] = _fx_factory_{f.name}()")
+            continue
+        converter = f.metadata.get("converter")
+        annotations[f.name] = (
+            f.type if converter is None else (_converter_annotation(converter))
+        )
+        has_default = f.default is not _MISSING or f.default_factory is not _MISSING
+        if f.default_factory is not _MISSING:
+            closure[f"_fx_factory_{f.name}"] = f.default_factory
+            defaults[f.name] = _FACTORY
+            body.append(
+                f"if {f.name} is _fx_factory: {f.name} = _fx_factory_{f.name}()"
+            )
+        elif f.default is not _MISSING:
+            defaults[f.name] = f.default
+        if f.kw_only:
+            keyword.append(f.name)
+        else:
+            if seen_default and not has_default:
+                raise TypeError(
+                    f"{cls.__qualname__}: field {f.name!r} without a default follows "
+                    "a field with a default; give it a default or mark it kw_only."
+                )
+            seen_default = seen_default or has_default
+            positional.append(f.name)
+        if _is_init_var(f.type):
+            init_vars.append(f.name)
+        else:
+            body.append(f"_fx_d[{f.name!r}] = {f.name}")
+    if plan.plain:
+        # A plain class checks static values and JAX-transformed Modules in the
+        # generated `__init__` itself, with no finishing step. Both checks are
+        # idempotent, so running them on JAX's unflatten too is harmless.
+        # Written out per field: they also run on every unflatten, where a
+        # `map` over `__dict__` would cost more than storing the fields.
+        body += [
+            f"if type(_fx_d[{name!r}]) not in _fx_hashable: "
+            f"_fx_check_static(_fx_cls, {name!r}, _fx_d[{name!r}])"
+            for name in plan.static_names
+        ]
+        stored = [f.name for f in entries if not _is_init_var(f.type)]
+        if stored:
+            suspect = " or ".join(
+                f"type(_fx_d[{name!r}]) in _fx_suspect" for name in stored
+            )
+            body.append(f"if {suspect}: _fx_warn_transformed(self)")
+    params = ["self", *positional]
+    if keyword:
+        params += ["*", *keyword]
+    init_names = [*positional, *keyword]
+    lines = ["if not _fx_plan.registered: _fx_plan.register(_fx_cls)"]
+    if not plan.plain:
+        params.append("**_fx_unflatten")
+        stores = "; ".join(f"_fx_d[{n!r}] = {n}" for n in init_names)
+        lines += [
+            "if _fx_unflatten:",
+            f"  if _fx_unflatten.pop({_UNFLATTEN_FIELD!r}, None) is not _fx_cls:",
+            "    raise TypeError(f'{_fx_cls.__qualname__}.__init__() got an unexpected "
+            "keyword argument {next(iter(_fx_unflatten))!r}')",
+            "  _fx_d = self.__dict__",
+            *([f"  {stores}"] if stores else []),
+            "  _fx_d.update(_fx_unflatten)",
+            "  return",
+        ]
+        if plan.abstract_error is not None:
+            lines.append(
+                "if type(self) is _fx_cls: raise TypeError(_fx_plan.abstract_error)"
+            )
+    lines += ["_fx_d = self.__dict__", *body]
+    if hasattr(cls, "__post_init__"):
+        lines += [
+            "_fx_initialising.add(id(self))",
+            f"try: self.__post_init__({', '.join(init_vars)})",
+            "finally: _fx_initialising.discard(id(self))",
+        ]
+        closure["_fx_initialising"] = _INITIALISING
+    if not plan.plain:
+        # Only the outermost __init__ finishes; a subclass's custom __init__
+        # calling this one through super() finishes itself.
+        lines.append("if type(self) is _fx_cls: _fx_plan.finish(self)")
+    source = (
+        f"def _build({', '.join(closure)}):\n"
+        f" def __init__({', '.join(params)}):\n"
+        + "\n".join(f"  {line}" for line in lines)
+        + "\n return __init__\n"
+    )
+    module_globals = getattr(sys.modules.get(cls.__module__), "__dict__", {})
+    namespace: dict[str, Any] = {}
+    # Executed with the class's module globals, as dataclasses does, so string
+    # annotations (`from __future__ import annotations`) resolve for jaxtyping.
+    exec(source, module_globals, namespace)  # noqa: S102
+    init = namespace["_build"](**closure)
+    init.__defaults__ = tuple(defaults[n] for n in positional if n in defaults) or None
+    init.__kwdefaults__ = {n: defaults[n] for n in keyword if n in defaults} or None
+    init.__annotations__ = {**annotations, "return": None}
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__doc__ = _inherited_init_doc(cls)
+    plan.generated_init = init
+    return init
+
+
+# --- custom __init__ ----------------------------------------------------------------------
+
+
+def _store_unflattened(self: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
+    """Stores the fields of an unflatten call; `False` for an ordinary call."""
+    plan = type(self).__filterax_plan__
+    if plan.uses_marker:
+        if kwargs.get(_UNFLATTEN_FIELD) is not type(self):
+            return False
+        del kwargs[_UNFLATTEN_FIELD]
+    elif args or kwargs.keys() != plan.field_names:
+        return False
+    self.__dict__.update(kwargs)
+    return True
+
+
+def wrap_custom_init(user_init: Callable[..., None]) -> Callable[..., None]:
+    """Wraps a user-written `__init__` (or one inherited from a non-Module base):
+    allows `self.name = value` while it runs, then runs the post-init steps of
+    the instance's class. Nested calls (`super().__init__(...)`) just run."""
+
+    @functools.wraps(user_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs:
+            # JAX's unflatten, inlined from `_store_unflattened`: this wrapper
+            # runs on every unflatten of a Module with a custom __init__.
+            if kwargs.keys() == type(self).__filterax_unflatten_keys__ and not args:
+                _object_setattr(self, "__dict__", kwargs)
+                return
+            if type(self).__filterax_plan__.uses_marker and _store_unflattened(
+                self, args, kwargs
+            ):
+                return
+        key = id(self)
+        if key in _INITIALISING:
+            user_init(self, *args, **kwargs)
+            return
+        plan = type(self).__filterax_plan__
+        if not plan.registered:
+            plan.register(type(self))
+        if plan.abstract_error is not None:
+            raise TypeError(plan.abstract_error)
+        _INITIALISING.add(key)
+        try:
+            user_init(self, *args, **kwargs)
+        finally:
+            _INITIALISING.discard(key)
+        plan.finish(self)
+
+    __init__.__filterax_custom_init__ = True  # type: ignore[attr-defined]
+    return __init__
+
+
+def guard_replaced_init(
+    cls: type, new_init: Callable[..., None]
+) -> Callable[..., None]:
+    """Wraps an `__init__` installed on a Module class after its creation (for
+    example by `jaxtyping.jaxtyped`) so that JAX's unflatten still bypasses it."""
+
+    @functools.wraps(new_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs and _store_unflattened(self, args, kwargs):
+            return
+        new_init(self, *args, **kwargs)
+
+    return __init__
+
+
+# --- immutability ------------------------------------------------------------------------
+
+_BOUND_METHOD_TYPES: list[type] = []  # filled by `_module.py` with `BoundMethod`
+
+
+def module_setattr(self: Any, name: str, value: Any) -> None:
+    if id(self) in _INITIALISING:
+        if name not in type(self).__filterax_plan__.field_names:
+            raise AttributeError(
+                f"{type(self).__qualname__} has no field {name!r}; declare it "
+                f"in the class body (`{name}: <type>`) before assigning it."
+            )
+        if type(value) is _BOUND_METHOD_TYPES[0] and value.__self__ is self:
+            raise ValueError(
+                f"Cannot assign methods in __init__: {type(self).__qualname__}."
+                f"{name} would be a method of the instance being built, which "
+                "holds the instance itself (a reference cycle that makes the "
+                "Module no longer a tree). Call the method where it is needed "
+                "instead, or store a plain function."
+            )
+        self.__dict__[name] = value
+        return
+    if name == "__orig_class__":
+        # `typing` records the subscripted class of `Generic` instances
+        # (`A[int]()`) after construction.
+        self.__dict__[name] = value
+        return
+    raise dataclasses.FrozenInstanceError(
+        f"cannot assign to field {name!r}: {type(self).__qualname__} is "
+        "immutable after __init__; use filterax.tree_at to make a modified copy."
+    )
+
+
+def module_delattr(self: Any, name: str) -> None:
+    raise dataclasses.FrozenInstanceError(
+        f"cannot delete field {name!r}: {type(self).__qualname__} is immutable."
+    )

@@ -1,0 +1,115 @@
+"""`field` (and its deprecated alias `static_field`): declaring Module fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["StaticArrayWarning", "field", "static_field"]
+
+
+class StaticArrayWarning(UserWarning):
+    """Warned once per field when a JAX array is stored in a static field.
+
+    A static field lives in the treedef and is hashed on every transform call, so
+    arrays belong in ordinary fields (or in a `NonDifferentiable`). JAX arrays
+    are not hashable, so such a Module cannot be passed to `filter_jit` either.
+
+    **Arguments:** the message, as for `UserWarning`.
+
+    **Returns:** a warning instance (raised through `warnings.warn`).
+
+    ```python
+    >>> import warnings
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> class Table(fx.Module):
+    ...     values: object = fx.field(static=True)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     _ = Table(jnp.arange(3))
+    >>> caught[0].category.__name__
+    'StaticArrayWarning'
+
+    ```
+    """
+
+
+def field(
+    *,
+    static: bool = False,
+    converter: Callable[[Any], Any] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Declares a `Module` field, like `dataclasses.field` with two additions.
+
+    **Arguments:**
+
+    - `static`: keep the value in the pytree structure (the treedef) instead of
+      as a leaf. It must be hashable (an unhashable value is refused when the
+      Module is built, naming the field); transforms treat it as a compile-time
+      constant. Storing a JAX array here warns (`StaticArrayWarning`).
+    - `converter`: a callable applied to the field's value once `__init__` (and
+      `__post_init__`) return, before `__check_init__` runs. It is not applied
+      when JAX rebuilds a Module from its leaves.
+    - `**kwargs`: passed to `dataclasses.field` (`default`, `default_factory`,
+      `init`, `repr`, `kw_only`, `metadata`, ...).
+
+    **Returns:** a `dataclasses.Field`.
+
+    **Raises:** `ValueError` if `static` or `converter` is passed inside
+    `metadata`; `TypeError` if `converter` is not callable.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> class Scale(fx.Module):
+    ...     factor: jnp.ndarray = fx.field(converter=jnp.asarray)
+    ...     name: str = fx.field(static=True, default="scale")
+    >>> Scale(2.0)
+    Scale(factor=weak_f32[], name='scale')
+
+    ```
+    """
+    metadata = dict(kwargs.pop("metadata", None) or {})
+    if "static" in metadata or "converter" in metadata:
+        raise ValueError(
+            "Pass `static` and `converter` as arguments of filterax.field, not "
+            "inside `metadata`."
+        )
+    if static:
+        metadata["static"] = True
+    if converter is not None:
+        if not callable(converter):
+            raise TypeError(f"converter must be callable, got {converter!r}.")
+        metadata["converter"] = converter
+    return dataclasses.field(metadata=metadata, **kwargs)
+
+
+def static_field(**kwargs: Any) -> Any:
+    """Deprecated: use `field(static=True, ...)`, as in Equinox.
+
+    **Arguments:** as for [`field`][filterax.field], without `static`.
+
+    **Returns:** `field(static=True, **kwargs)`.
+
+    ```python
+    >>> import warnings
+    >>> import filterax as fx
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     declared = fx.static_field(default=3)
+    >>> caught[0].category.__name__, declared.metadata["static"]
+    ('DeprecationWarning', True)
+
+    ```
+    """
+    warnings.warn(
+        "filterax.static_field is deprecated (as in Equinox): use "
+        "`filterax.field(static=True, ...)` instead.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return field(static=True, **kwargs)

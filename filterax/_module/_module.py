@@ -1,0 +1,269 @@
+"""`Module`: frozen dataclasses that are JAX pytrees, and `BoundMethod`."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax.tree_util as jtu
+from typing_extensions import dataclass_transform
+
+from .._pretty import tree_pformat
+from .._tree import tree_equal
+from ._abstract import abstract_error, resolve_abstract_attributes
+from ._construction import (
+    _BOUND_METHOD_TYPES,
+    _MODULE_TYPES,
+    ClassPlan,
+    guard_replaced_init,
+    make_generated_init,
+    module_delattr,
+    module_setattr,
+    unpickle,
+    wrap_custom_init,
+)
+from ._field import field
+
+__all__ = ["BoundMethod", "Module"]
+
+
+def _is_dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
+def _nearest_init(cls: type) -> Callable[..., None] | None:
+    """The `__init__` that `cls` would inherit: the nearest one in the MRO, or
+    `None` when that is `object`'s."""
+    for base in cls.__mro__[1:]:
+        if "__init__" in base.__dict__:
+            init = base.__dict__["__init__"]
+            return None if base is object else init
+    return None  # pragma: no cover - `object` defines `__init__`
+
+
+def _is_generated(init: Any) -> bool:
+    return getattr(init, "__filterax_generated_init__", False)
+
+
+def _warn_post_init_ignored(cls: type) -> None:
+    warnings.warn(
+        f"Class `{cls.__module__}.{cls.__qualname__}` has both an `__init__` "
+        "method and a `__post_init__` method (one of them possibly inherited). "
+        "The `__post_init__` method will not be run: it only follows a "
+        "generated `__init__`. Move its logic into `__init__` (or into "
+        "`__check_init__`, which always runs).",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+@dataclass_transform(field_specifiers=(dataclasses.field, field))
+class _ModuleMeta(abc.ABCMeta):
+    """Makes every `Module` subclass a frozen dataclass whose `__init__` carries
+    the construction hooks (see `_construction`)."""
+
+    def __new__(
+        mcs,
+        name: str,
+        bases: tuple[type, ...],
+        namespace: dict[str, Any],
+        **kwargs: Any,
+    ) -> type:
+        for attribute in ("__setattr__", "__delattr__"):
+            if attribute in namespace:
+                raise TypeError(
+                    f"{name} defines {attribute}; Module instances are immutable "
+                    "after __init__ and manage attribute assignment themselves."
+                )
+        cls = super().__new__(mcs, name, bases, namespace, **kwargs)
+        abstract_vars, abstract_class_vars = resolve_abstract_attributes(cls, namespace)
+
+        def set_attribute(attr: str, value: Any) -> None:
+            type.__setattr__(cls, attr, value)
+
+        set_attribute("__abstractvars__", abstract_vars)
+        set_attribute("__abstractclassvars__", abstract_class_vars)
+        dataclasses.dataclass(init=False, repr=False, eq=False, frozen=True)(cls)
+        # The frozen dataclass refuses all assignment; ours also allows it while
+        # `__init__` runs.
+        set_attribute("__setattr__", module_setattr)
+        set_attribute("__delattr__", module_delattr)
+        for attr_name, value in namespace.items():
+            if isinstance(value, types.FunctionType) and not _is_dunder(attr_name):
+                set_attribute(attr_name, MethodDescriptor(value))
+        inherited = None if "__init__" in namespace else _nearest_init(cls)
+        custom_init = "__init__" in namespace or (
+            inherited is not None and not _is_generated(inherited)
+        )
+        if custom_init and hasattr(cls, "__post_init__"):
+            _warn_post_init_ignored(cls)
+        plan = ClassPlan(
+            cls, custom_init, abstract_error(cls, abstract_vars, abstract_class_vars)
+        )
+        set_attribute("__filterax_plan__", plan)
+        # Set per class, never inherited: see `ClassPlan.register`.
+        set_attribute("__filterax_unflatten_keys__", None)
+        if "__init__" in namespace:
+            own_init = namespace["__init__"]
+            if not getattr(own_init, "__filterax_custom_init__", False):
+                # (An already wrapped one is a base's, restated with
+                # `__init__ = Base.__init__` so that type checkers see it.)
+                own_init = wrap_custom_init(own_init)
+            set_attribute("__init__", own_init)
+        elif inherited is not None and custom_init:
+            if not getattr(inherited, "__filterax_custom_init__", False):
+                # Inherited from a base that is not a Module: wrapped here, so
+                # that it may assign fields and is followed by the checks.
+                set_attribute("__init__", wrap_custom_init(inherited))
+        else:
+            init = make_generated_init(cls, plan)
+            init.__filterax_generated_init__ = True  # type: ignore[attr-defined]
+            set_attribute("__init__", init)
+        return cls
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        if name == "__init__":
+            # A decorator replacing __init__ (jaxtyping's `jaxtyped`) must not
+            # see JAX's unflatten calls.
+            value = guard_replaced_init(cls, value)
+        super().__setattr__(name, value)
+
+
+class Module(metaclass=_ModuleMeta):
+    """Base class for models: frozen dataclasses that are JAX pytrees.
+
+    Subclasses are dataclasses automatically. Fields are pytree children in
+    declaration order, with `GetAttrKey(name)` key paths; `field(static=True)`
+    keeps a value in the treedef instead. A custom `__init__` may assign
+    `self.name = value`; afterwards the instance is immutable. Once `__init__`
+    returns, converters run and then `__check_init__`, on every class of the
+    MRO, for validation. Plain methods accessed on an instance are pytrees too
+    (see [`BoundMethod`][filterax.BoundMethod]). `==` is
+    [`tree_equal`][filterax.tree_equal]; `hash` works when every leaf is
+    hashable; `repr` is [`tree_pformat`][filterax.tree_pformat].
+
+    **Arguments:** a subclass's constructor takes its fields, in declaration
+    order (positionally or by keyword), unless the subclass writes `__init__`.
+
+    **Returns:** an immutable instance.
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> import filterax as fx
+    >>> class Linear(fx.Module):
+    ...     weight: jax.Array
+    ...     bias: jax.Array
+    ...     def __init__(self, n_in, n_out, key):
+    ...         self.weight = jax.random.normal(key, (n_out, n_in))
+    ...         self.bias = jnp.zeros(n_out)
+    ...     def __call__(self, x):
+    ...         return self.weight @ x + self.bias
+    >>> model = Linear(4, 8, jax.random.key(0))
+    >>> model
+    Linear(weight=f32[8,4], bias=f32[8])
+    >>> model(jnp.ones(4)).shape
+    (8,)
+    >>> [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(model)]
+    ['.weight', '.bias']
+    >>> model.bias = jnp.ones(8)
+    Traceback (most recent call last):
+    ...
+    dataclasses.FrozenInstanceError: cannot assign to field 'bias': Linear is immutable after __init__; use filterax.tree_at to make a modified copy.
+
+    ```
+    """
+
+    def __repr__(self) -> str:
+        return tree_pformat(self)
+
+    def __eq__(self, other: object) -> Any:
+        return tree_equal(self, other)
+
+    def __hash__(self) -> int:
+        leaves, treedef = jtu.tree_flatten(self)
+        return hash((treedef, tuple(leaves)))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return unpickle, (type(self), dict(self.__dict__))
+
+
+class BoundMethod(Module):
+    """A method bound to a Module instance, itself a Module.
+
+    Its only child is the instance (`__self__`), so `jax.tree.leaves(model.method)`
+    sees the model's arrays and `filter_jit(model.method)` traces them; the
+    function (`__func__`) is static. Built for you when a plain method is read
+    from a Module instance.
+
+    **Arguments:**
+
+    - `__func__`: the function defined in the class body.
+    - `__self__`: the Module instance it is bound to.
+
+    **Returns:** a callable Module; calling it calls `__func__(__self__, ...)`.
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> import filterax as fx
+    >>> class Affine(fx.Module):
+    ...     w: jax.Array
+    ...     def apply(self, x):
+    ...         return self.w * x
+    >>> model = Affine(jnp.array(2.0))
+    >>> jax.tree.leaves(model.apply)
+    [Array(2., dtype=float32, weak_type=True)]
+    >>> model.apply(3.0)
+    Array(6., dtype=float32, weak_type=True)
+
+    ```
+    """
+
+    __func__: Callable[..., Any] = dataclasses.field(metadata={"static": True})
+    __self__: Any
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:
+        return types.MethodType(self.__func__, self.__self__)
+
+    def __getattr__(self, name: str) -> Any:
+        # `__name__`, `__qualname__` and `__doc__`-like metadata of the function.
+        if name in ("__name__", "__qualname__", "__annotations__"):
+            return getattr(self.__func__, name)
+        raise AttributeError(
+            f"{type(self).__name__!r} object has no attribute {name!r}"
+        )
+
+
+_MODULE_TYPES.append(Module)
+_BOUND_METHOD_TYPES.append(BoundMethod)
+
+
+class MethodDescriptor:
+    """Class-level stand-in for a plain method: instance access binds it into a
+    `BoundMethod`; class access gives back the function itself."""
+
+    def __init__(self, func: Callable[..., Any]):
+        self.__func__ = func
+        # Instance attributes, so that `doctest`, `inspect` and documentation
+        # tools see the function's identity rather than this class's.
+        self.__module__ = func.__module__
+        self.__doc__ = func.__doc__
+        self.__name__ = func.__name__
+        self.__qualname__ = func.__qualname__
+        self.__wrapped__ = func
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self.__func__
+        return BoundMethod(self.__func__, instance)
+
+    @property
+    def __isabstractmethod__(self) -> bool:
+        return getattr(self.__func__, "__isabstractmethod__", False)

@@ -1,0 +1,329 @@
+"""Saving and loading the leaves of a pytree: `tree_serialise_leaves` and
+`tree_deserialise_leaves`.
+
+File format, version 1 (full specification in `docs/serialisation-format.md`;
+all integers little-endian, every checksum a `zlib.crc32`):
+
+    preamble  magic b"\\x89FLTRAX\\n", u32 format version, u32 flags (0)
+    header    u64 length, JSON {"leaves": [keystr, ...]}, u32 checksum of
+              preamble + length + JSON
+    entries   one per leaf, in flattening order:
+              u32 length, JSON {"path", "kind", "dtype", "shape", "nbytes",
+              ["impl" | "type"]}, u32 checksum of length + JSON,
+              `nbytes` bytes of data, u32 checksum of the data
+    footer    b"FLTRXEND", u64 entry count, u32 checksum
+
+`kind` is the type tag: `jax_array`, `numpy_array`, `numpy_scalar`,
+`key_array` (the key data, with the PRNG implementation in `impl`), `bool`,
+`int`, `float`, `complex` (Python scalars), `object` (a non-array leaf, not
+stored; its type name in `type`) or `raw` (bytes written by a custom
+`filter_spec` callable). Array data is C-ordered and little-endian.
+
+Loading also reads the files of Equinox's `tree_serialise_leaves` (NumPy
+records one after another, see `_npy.py` and `_equinox.py`), told apart by
+their first bytes. Both directions stream one leaf at a time: nothing holds
+the whole file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax.tree_util as jtu
+
+from ._format import MAGIC, FormatReader, FormatWriter
+from ._io import (
+    LeafReader,
+    LeafWriter,
+    NpyLeafReader,
+    PathOrFile,
+    open_input,
+    open_output,
+)
+from ._leaf import (
+    default_deserialise_filter_spec,
+    default_serialise_filter_spec,
+)
+from ._messages import SerialisationError, leaf_note
+from ._npy import NPY_MAGIC, NpyReader, starts_npy_record
+from ._source import Source
+
+__all__ = [
+    "SerialisationError",
+    "default_deserialise_filter_spec",
+    "default_serialise_filter_spec",
+    "tree_deserialise_leaves",
+    "tree_serialise_leaves",
+]
+
+
+class _Leaf(NamedTuple):
+    path: str  # `jax.tree_util.keystr` of `key_path`
+    key_path: tuple[Any, ...]
+    spec: Callable  # the `filter_spec` callable that covers the leaf
+    leaf: Any
+
+
+def _leaves_by_spec(
+    filter_spec: Any, pytree: Any, is_leaf: Callable[[Any], bool] | None
+) -> tuple[list[_Leaf], Callable[[list[Any]], Any]]:
+    """Pairs each leaf of `pytree` with its key path and the `filter_spec`
+    callable that covers it; also returns a function that rebuilds `pytree`
+    from new leaves given in the same order."""
+    if callable(filter_spec):  # a callable pytree (Partial, Module) is one spec
+        spec_leaves, spec_def, subtrees = (
+            [((), filter_spec)],
+            jtu.tree_structure(0),
+            [pytree],
+        )
+    else:
+        spec_leaves, spec_def = jtu.tree_flatten_with_path(
+            filter_spec, is_leaf=callable
+        )
+        try:
+            subtrees = spec_def.flatten_up_to(pytree)
+        except (ValueError, TypeError) as error:
+            raise ValueError(
+                "filter_spec must be a pytree prefix of the pytree, with callables "
+                f"`(file, leaf)` as its leaves: {error}"
+            ) from None
+    entries: list[_Leaf] = []
+    subdefs = []
+    for (spec_path, spec), subtree in zip(spec_leaves, subtrees):
+        if not callable(spec):
+            raise TypeError(
+                f"filter_spec leaf at {jtu.keystr(spec_path) or 'the root'} is "
+                f"{spec!r}; expected a callable `(file, leaf)`."
+            )
+        leaves, subdef = jtu.tree_flatten_with_path(subtree, is_leaf=is_leaf)
+        subdefs.append(subdef)
+        for path, leaf in leaves:
+            key_path = (*spec_path, *path)
+            entries.append(_Leaf(jtu.keystr(key_path), key_path, spec, leaf))
+
+    def rebuild(new_leaves: list[Any]) -> Any:
+        remaining = iter(new_leaves)
+        parts = [
+            d.unflatten([next(remaining) for _ in range(d.num_leaves)]) for d in subdefs
+        ]
+        return spec_def.unflatten(parts)
+
+    return entries, rebuild
+
+
+def tree_serialise_leaves(
+    path_or_file: PathOrFile,
+    pytree: Any,
+    filter_spec: Any = default_serialise_filter_spec,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> None:
+    """Saves the leaves of `pytree` to a file, one entry per leaf, each
+    addressed by its key path (`jax.tree_util.keystr`).
+
+    Writing to a path is atomic: the data goes to a temporary file
+    `.<name>.<random>.tmp` in the same directory, which is flushed, `fsync`-ed
+    and then renamed over the path, so a crash mid-write leaves any previous
+    file intact. A writer killed mid-write leaves its temporary file behind;
+    the next successful write to the same path removes it (temporary files
+    still being written by a live writer are left alone). A path whose last
+    component has no suffix gets `.eqx` appended, as in Equinox. A file object
+    is written from its current position and left open; a failure part-way
+    leaves an incomplete checkpoint in it, which loading rejects. Leaves are
+    streamed: memory use stays near the size of the largest leaf. The format
+    is described in `docs/serialisation-format.md`.
+
+    **Arguments:**
+
+    - `path_or_file`: a path (`str` or `os.PathLike`), or a binary file object
+      open for writing.
+    - `pytree`: the pytree to save; arrays inside
+      [`NonDifferentiable`][filterax.NonDifferentiable] are saved like any other.
+    - `filter_spec`: a pytree prefix of `pytree` whose leaves are callables
+      `(file, leaf) -> None`, each applied to every leaf of its subtree. The
+      default, [`default_serialise_filter_spec`][filterax.default_serialise_filter_spec],
+      stores arrays and scalars; a custom callable may write any bytes to
+      `file` (they form that leaf's entry) or call the default.
+    - `is_leaf`: as for `jax.tree_util.tree_flatten`: nodes passed to the
+      callables whole.
+
+    **Returns:** `None`.
+
+    **Raises:** `TypeError` naming the key path for a leaf that cannot be
+    stored, `ValueError` for an array that has been deleted (or donated) and
+    when `filter_spec` is not a prefix of `pytree`; `OSError` naming the
+    destination when it cannot be written. Any error leaves an existing file
+    at `path_or_file` untouched.
+
+    ```python
+    >>> import os, tempfile
+    >>> import jax, jax.numpy as jnp
+    >>> import filterax as fx
+    >>> model = {"w": jnp.ones((2, 2)), "key": jax.random.key(0), "act": "relu"}
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.fx")
+    >>> fx.tree_serialise_leaves(path, model)
+    >>> like = {"w": jnp.zeros((2, 2)), "key": jax.random.key(1), "act": "relu"}
+    >>> loaded = fx.tree_deserialise_leaves(path, like)
+    >>> loaded["w"]
+    Array([[1., 1.],
+           [1., 1.]], dtype=float32)
+    >>> bool((jax.random.key_data(loaded["key"]) == jax.random.key_data(model["key"])).all())
+    True
+
+    ```
+    """
+    entries, _ = _leaves_by_spec(filter_spec, pytree, is_leaf)
+    with open_output(path_or_file) as stream:
+        writer = FormatWriter(stream)
+        writer.write_header([entry.path for entry in entries])
+        for entry in entries:
+            handle = LeafWriter(writer, entry.path)
+            entry.spec(handle, entry.leaf)
+            handle.finish()
+        writer.write_footer()
+
+
+def _check_paths(name: str, stored: list[str], wanted: list[_Leaf]) -> None:
+    wanted_paths = [entry.path for entry in wanted]
+    if stored == wanted_paths:
+        return
+    stored_set, wanted_set = set(stored), set(wanted_paths)
+    missing = [entry for entry in wanted if entry.path not in stored_set]
+    extra = [path for path in stored if path not in wanted_set]
+
+    def listing(paths: list[str]) -> str:
+        shown = ", ".join(paths[:5])
+        return shown + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+
+    problems = []
+    first_at_fault = missing[0] if missing else None
+    if missing:
+        problems.append(
+            "`like` has leaves the file has no entry for: "
+            + listing([entry.path for entry in missing])
+        )
+    if extra:
+        problems.append(
+            f"the file has entries `like` has no leaf for: {listing(extra)}"
+        )
+    if not problems:
+        index = next(i for i, (a, b) in enumerate(zip(stored, wanted_paths)) if a != b)
+        first_at_fault = wanted[index]
+        problems.append(
+            f"the entries are in a different order (entry {index} is "
+            f"{stored[index]}, `like` has {wanted_paths[index]} there)"
+        )
+    note = leaf_note(first_at_fault.key_path if first_at_fault else None, "missing")
+    raise SerialisationError(
+        f"{name} does not match the structure of `like`: {'; '.join(problems)}." + note
+    )
+
+
+def _load_filterax(source: Source, entries: list[_Leaf]) -> list[Any]:
+    reader = FormatReader(source)
+    _check_paths(source.name, reader.read_header(), entries)
+    loaded = []
+    for entry in entries:
+        handle = LeafReader(reader, reader.read_entry_meta(entry.path), entry.key_path)
+        loaded.append(entry.spec(handle, entry.leaf))
+        handle.finish()
+    reader.read_footer()
+    return loaded
+
+
+def _load_equinox(source: Source, entries: list[_Leaf], whole_file: bool) -> list[Any]:
+    reader = NpyReader(source)
+    loaded = [
+        entry.spec(NpyLeafReader(reader, entry.path, entry.key_path), entry.leaf)
+        for entry in entries
+    ]
+    if whole_file and not source.at_end():
+        left = "" if source.remaining is None else f"{source.remaining} bytes, "
+        raise source.fail(
+            f"data follows the last leaf of `like` ({left}starting "
+            f"{source.peek(8)!r}): this Equinox checkpoint holds more leaves "
+            f"than `like` (it has {reader.count} records with data)."
+        )
+    return loaded
+
+
+def tree_deserialise_leaves(
+    path_or_file: PathOrFile,
+    like: Any,
+    filter_spec: Any = default_deserialise_filter_spec,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> Any:
+    """Loads a pytree saved by [`tree_serialise_leaves`][filterax.tree_serialise_leaves]
+    (or by Equinox's), taking its structure and leaf types from `like`.
+
+    Everything is checked before anything is returned: the magic number,
+    checksums and format version, that the file's key paths are exactly those
+    of `like`, and that each entry matches its `like` leaf. Every size the file
+    claims is checked against what the file holds before memory is allocated
+    for it. `like` itself is never modified: a Ref in `like` gives a new Ref
+    holding the loaded value. Leaves are read straight into their new buffers
+    one at a time, so memory use stays near the size of the result plus one
+    leaf.
+
+    Files written by Equinox's `tree_serialise_leaves` (NumPy records one after
+    another, without key paths) are recognised by their first bytes and read
+    in the order of `like`'s leaves; see `docs/serialisation-format.md` for
+    what is checked then.
+
+    **Arguments:**
+
+    - `path_or_file`: a path (`str` or `os.PathLike`; `.eqx` is appended when
+      its last component has no suffix, as in Equinox), or a binary file
+      object open for reading, positioned at the start of a checkpoint.
+    - `like`: a pytree with the structure of the saved one. Its array leaves
+      give shape, dtype, type, placement and weak type of the restored leaves
+      (they may be `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape`); its
+      other leaves are returned as they are.
+    - `filter_spec`: a pytree prefix of `like` whose leaves are callables
+      `(file, like_leaf) -> leaf`. The default is
+      [`default_deserialise_filter_spec`][filterax.default_deserialise_filter_spec];
+      a custom callable reads back the bytes its saving counterpart wrote, or
+      calls the default. Entries a callable leaves unread are skipped.
+    - `is_leaf`: as for `jax.tree_util.tree_flatten`.
+
+    **Returns:** a pytree like `like` holding the loaded leaves.
+
+    **Raises:** [`SerialisationError`][filterax.SerialisationError] (a
+    `ValueError` and a `RuntimeError`) naming the file and key path when the
+    file is truncated, corrupted or malformed, is not a checkpoint or has an
+    unsupported format version, has an entry missing or extra relative to
+    `like`, or holds a leaf of another kind, shape, dtype or PRNG
+    implementation than `like`'s.
+
+    ```python
+    >>> import io
+    >>> import numpy as np
+    >>> import filterax as fx
+    >>> file = io.BytesIO()
+    >>> fx.tree_serialise_leaves(file, (np.arange(3), 0.5, fx.NonDifferentiable(2)))
+    >>> _ = file.seek(0)
+    >>> restored = fx.tree_deserialise_leaves(file, (np.zeros(3, int), 0.0, fx.NonDifferentiable(0)))
+    >>> restored[0], restored[1], restored[2].value
+    (array([0, 1, 2]), 0.5, 2)
+    >>> _ = file.seek(0)
+    >>> fx.tree_deserialise_leaves(file, (np.zeros(4, int), 0.0, fx.NonDifferentiable(0)))
+    Traceback (most recent call last):
+    ...
+    filterax...SerialisationError: <BytesIO>: entry [0] holds an int64[3] array, but `like` has an int64[4] array there. Deserialised leaf at path (SequenceKey(idx=0),) does not match `like`.
+
+    ```
+    """
+    entries, rebuild = _leaves_by_spec(filter_spec, like, is_leaf)
+    with open_input(path_or_file) as (source, whole_file):
+        start = source.peek(len(MAGIC))
+        if start and start == MAGIC[: len(start)]:
+            loaded = _load_filterax(source, entries)
+        elif not start or starts_npy_record(start):
+            loaded = _load_equinox(source, entries, whole_file)
+        else:
+            raise source.fail(
+                f"not a filterax checkpoint (starts with {start!r}, expected "
+                f"{MAGIC!r}), nor an Equinox one (NumPy records, starting with "
+                f"{NPY_MAGIC!r}); was it written by `tree_serialise_leaves`?"
+            )
+    return rebuild(loaded)

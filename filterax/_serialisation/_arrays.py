@@ -1,0 +1,158 @@
+"""What both checkpoint formats need to turn bytes into leaves like `like`'s:
+describing a `like` leaf, PRNG key layouts, buffers the device can adopt, and
+placing a restored array where, and as weakly typed as, `like`'s was."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._filters import is_ref
+from ._messages import shape_str, with_article
+
+__all__ = [
+    "describe_like",
+    "empty_buffer",
+    "is_array_template",
+    "is_key_dtype",
+    "key_impl_of",
+    "key_layout",
+    "place",
+    "python_scalar_kind",
+]
+
+_TEMPLATE_TYPES = (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)
+
+
+def is_array_template(like: Any) -> bool:
+    """Whether `like` stands for an array (its shape and dtype are checked)."""
+    return isinstance(like, _TEMPLATE_TYPES)
+
+
+def is_key_dtype(dtype: Any) -> bool:
+    return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def python_scalar_kind(leaf: Any) -> str | None:
+    # `np.float64` subclasses `float`, so NumPy scalars are ruled out first.
+    if isinstance(leaf, np.generic):
+        return None
+    for kind, cls in (
+        ("bool", bool),
+        ("int", int),
+        ("float", float),
+        ("complex", complex),
+    ):
+        if isinstance(leaf, cls):
+            return kind
+    return None
+
+
+@functools.cache
+def key_layout(impl: str) -> tuple[Any, tuple[int, ...]]:
+    """The key dtype of PRNG implementation `impl` and the trailing shape of
+    one key's data; `ValueError`/`TypeError` for an unknown `impl`."""
+    key = jax.eval_shape(lambda: jax.random.key(0, impl=impl))
+    data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))
+    return key.dtype, tuple(data.shape)
+
+
+@functools.cache
+def _impl_of_key_dtype(dtype: Any) -> str:
+    return str(jax.random.key_impl(jnp.zeros((), dtype)))
+
+
+def key_impl_of(like: Any) -> str:
+    """The PRNG implementation name of a key array or key `ShapeDtypeStruct`."""
+    if isinstance(like, jax.Array):
+        return str(jax.random.key_impl(like))
+    return _impl_of_key_dtype(like.dtype)
+
+
+def describe_like(like: Any) -> str:
+    """What `like` holds at a leaf, for error messages."""
+    if is_ref(like):
+        return f"a Ref holding {describe_like(like[...])}"
+    dtype = getattr(like, "dtype", None)
+    if isinstance(like, (jax.Array, jax.ShapeDtypeStruct)) and is_key_dtype(dtype):
+        return f"a {key_impl_of(like)} key array of shape {tuple(like.shape)}"
+    if is_array_template(like):
+        return with_article(
+            f"{shape_str(str(np.dtype(dtype)), tuple(np.shape(like)))} array"
+        )
+    kind = python_scalar_kind(like)
+    return f"a Python {kind}" if kind else f"a {type(like).__name__} (not an array)"
+
+
+# XLA's CPU client adopts a host buffer aligned to this many bytes as the
+# array's own memory instead of copying it.
+_XLA_ALIGNMENT = 64
+
+
+def empty_buffer(shape: tuple[int, ...], dtype: np.dtype, aligned: bool) -> np.ndarray:
+    """An uninitialised C-ordered array, aligned for adoption by XLA if asked."""
+    if not aligned:
+        return np.empty(shape, dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + _XLA_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % _XLA_ALIGNMENT
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _weakly_typed(array: jax.Array, zero: complex) -> jax.Array:
+    # An update of a weakly typed array is as weakly typed as the array it
+    # updates: Python zeros, broadcast, with every element replaced.
+    return jnp.broadcast_to(zero, array.shape).at[...].set(array)
+
+
+@functools.cache
+def _python_zero(dtype: np.dtype) -> complex | None:
+    """The Python number whose weakly typed JAX array has dtype `dtype`, or
+    `None` where there is none (weak types come only from Python numbers)."""
+    zero = np.zeros((), dtype).item()
+    if isinstance(zero, bool) or not isinstance(zero, (int, float, complex)):
+        return None
+    return zero if jnp.result_type(type(zero)) == dtype else None
+
+
+def _as_weak(placed: jax.Array) -> jax.Array:
+    zero = _python_zero(np.dtype(placed.dtype))
+    if zero is None:
+        return placed
+    if placed.ndim == 0:
+        # `jnp.asarray` of a Python number is the public way to build one.
+        weak = jnp.asarray(np.asarray(placed).item())
+    else:
+        weak = _weakly_typed(placed, zero)
+    if placed.committed and weak.sharding != placed.sharding:
+        weak = jax.device_put(weak, placed.sharding)
+    return weak
+
+
+def place(array: Any, like: Any) -> jax.Array:
+    """Puts a restored array where `like` was: on its sharding when `like` was
+    placed explicitly (committed), otherwise uncommitted on the default device;
+    weakly typed when `like` is, so that the restored pytree does not make
+    `filter_jit` retrace."""
+    sharding = None
+    if isinstance(like, jax.ShapeDtypeStruct):
+        sharding = like.sharding
+    else:
+        with contextlib.suppress(Exception):  # tracers have no placement
+            if like.committed:
+                sharding = like.sharding
+    placed = (
+        jax.device_put(array) if sharding is None else jax.device_put(array, sharding)
+    )
+    if getattr(like, "weak_type", False):
+        placed = _as_weak(placed)
+    # The transfer is asynchronous and keeps the host buffer alive until done:
+    # waiting bounds host memory to one leaf instead of all leaves in flight.
+    return placed.block_until_ready()

@@ -1,0 +1,131 @@
+"""Restoring one leaf of `like` from a checkpoint written by Equinox's
+`tree_serialise_leaves` (records read by `_npy.py`).
+
+Such files carry no key paths or leaf kinds, so `like` decides what is read:
+an array or Python-scalar leaf reads the next record, any other leaf reads
+nothing (Equinox wrote nothing for it). A typed key array in `like` reads its
+key data (Equinox cannot save typed keys; code that uses it saves
+`jax.random.key_data(key)`), and a Ref reads nothing, as Equinox 0.13.8 treats
+Refs as non-array leaves.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._filters import is_ref
+from ._arrays import (
+    describe_like,
+    empty_buffer,
+    is_array_template,
+    is_key_dtype,
+    key_impl_of,
+    key_layout,
+    place,
+    python_scalar_kind,
+)
+from ._messages import SerialisationError, leaf_note
+from ._npy import NpyRecord
+
+if TYPE_CHECKING:
+    from ._io import NpyLeafReader
+
+__all__ = ["decode_equinox_leaf"]
+
+# The NumPy dtype kinds a Python scalar of `like` accepts.
+_SCALAR_DTYPE_KINDS = {"bool": "b", "int": "iu", "float": "f", "complex": "c"}
+
+
+def _same_element_type(stored: np.dtype, wanted: np.dtype) -> bool:
+    if stored.kind == "V":
+        # NumPy writes dtypes it does not know (bfloat16, float8_*, int4) as
+        # raw bytes of their size; only `like` can say what they are.
+        return wanted.kind == "V" and wanted.itemsize == stored.itemsize
+    return stored.newbyteorder("=") == wanted
+
+
+def _read_values(
+    handle: NpyLeafReader, record: NpyRecord, dtype: np.dtype, for_jax: bool
+) -> np.ndarray:
+    """The record's data as a C-ordered array of native `dtype`."""
+    reader = handle.npy_reader
+    shape = record.shape[::-1] if record.fortran_order else record.shape
+    if reader.can_read_into(record):
+        values = empty_buffer(shape, dtype, aligned=for_jax)
+        reader.read_data_into(handle.path, values)
+    else:  # a stream of unknown length: the data is allocated as it arrives
+        data = reader.read_data(handle.path, record)
+        values = np.frombuffer(data, np.uint8).view(dtype).reshape(shape)
+    if record.dtype.kind != "V" and not record.dtype.isnative:
+        values.byteswap(inplace=True)
+    if record.fortran_order:
+        values = np.ascontiguousarray(values.T)
+    return values
+
+
+def _read_matching(
+    handle: NpyLeafReader,
+    like: Any,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    for_jax: bool,
+) -> np.ndarray:
+    """Reads the next record, which must hold `dtype[shape]` data."""
+    reader = handle.npy_reader
+    record = reader.read_record(handle.path, handle.key_path)
+    if record.shape != shape or not _same_element_type(record.dtype, dtype):
+        raise SerialisationError(
+            f"{reader.name}: the NumPy record of leaf {handle.path} holds "
+            f"{record.describe()}, but `like` has {describe_like(like)} there "
+            f"(an Equinox checkpoint, read in the order of `like`'s leaves)."
+            + leaf_note(handle.key_path, "mismatch")
+        )
+    return _read_values(handle, record, dtype, for_jax)
+
+
+def _read_python_scalar(handle: NpyLeafReader, like: Any, kind: str) -> Any:
+    reader = handle.npy_reader
+    record = reader.read_record(handle.path, handle.key_path)
+    if record.shape != () or record.dtype.kind not in _SCALAR_DTYPE_KINDS[kind]:
+        raise SerialisationError(
+            f"{reader.name}: the NumPy record of leaf {handle.path} holds "
+            f"{record.describe()}, but `like` has {describe_like(like)} there."
+            + leaf_note(handle.key_path, "mismatch")
+        )
+    values = _read_values(handle, record, record.dtype.newbyteorder("="), for_jax=False)
+    value = values.item()
+    if type(like) not in (bool, int, float, complex):  # e.g. an IntEnum
+        try:
+            return type(like)(value)
+        except Exception:
+            return value
+    return value
+
+
+def decode_equinox_leaf(handle: NpyLeafReader, like: Any) -> Any:
+    """The leaf at `handle.path` of an Equinox checkpoint, of the type of `like`."""
+    if is_ref(like):
+        return jax.new_ref(like[...])  # a new Ref: `like` is never shared
+    dtype = getattr(like, "dtype", None)
+    if is_array_template(like) and is_key_dtype(dtype):
+        impl = key_impl_of(like)
+        _, trailing = key_layout(impl)
+        shape = (*like.shape, *trailing)
+        data = _read_matching(handle, like, np.dtype(np.uint32), shape, for_jax=True)
+        return place(jax.random.wrap_key_data(jnp.asarray(data), impl=impl), like)
+    if is_array_template(like):
+        for_jax = isinstance(like, (jax.Array, jax.ShapeDtypeStruct))
+        values = _read_matching(
+            handle, like, np.dtype(dtype), tuple(np.shape(like)), for_jax
+        )
+        if for_jax:
+            return place(values, like)
+        return values[()] if isinstance(like, np.generic) else values
+    kind = python_scalar_kind(like)
+    if kind is not None:
+        return _read_python_scalar(handle, like, kind)
+    return like

@@ -1,0 +1,323 @@
+"""How one leaf is stored and restored: the default `filter_spec` callables of
+`tree_serialise_leaves` and `tree_deserialise_leaves` (for Equinox's format,
+`_equinox.py` restores the leaf)."""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any, BinaryIO
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+from jax.core import Tracer
+
+from .._filters import is_ref
+from ._arrays import (
+    describe_like,
+    empty_buffer,
+    is_array_template,
+    is_key_dtype,
+    key_layout,
+    place,
+    python_scalar_kind,
+)
+from ._equinox import decode_equinox_leaf
+from ._format import (
+    ARRAY_KINDS,
+    BIG_ENDIAN_HOST,
+    EntryMeta,
+    dtype_from_name,
+    dtype_name,
+)
+from ._io import LeafReader, LeafWriter, NpyLeafReader, leaf_handle
+from ._messages import SerialisationError, leaf_note, shape_str
+
+__all__ = ["default_deserialise_filter_spec", "default_serialise_filter_spec"]
+
+_SCALAR_FORMATS = {"float": struct.Struct("<d"), "complex": struct.Struct("<dd")}
+_SCALAR_SIZES = {"bool": 1, "float": 8, "complex": 16}
+
+
+def _wire_bytes(array: np.ndarray) -> memoryview:
+    """`array`'s data as C-ordered little-endian bytes (a view when possible)."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.byteorder == ">" or (
+        BIG_ENDIAN_HOST and array.dtype.byteorder == "="
+    ):
+        array = array.byteswap()
+    # A uint8 view: the buffer protocol does not know `ml_dtypes` such as bfloat16.
+    return array.reshape(-1).view(np.uint8).data
+
+
+def _array_entry(
+    path: str, kind: str, array: np.ndarray, **extra: Any
+) -> tuple[EntryMeta, memoryview]:
+    name = dtype_name(array.dtype)
+    if name is None:
+        raise TypeError(
+            f"cannot serialise the leaf at {path}: dtype {array.dtype} is not "
+            "supported (only boolean, integer, floating and complex dtypes are)."
+        )
+    data = _wire_bytes(array)
+    return EntryMeta(path, kind, name, tuple(array.shape), len(data), extra), data
+
+
+def _encode_leaf(path: str, leaf: Any) -> tuple[EntryMeta, bytes | memoryview]:
+    """The entry `default_serialise_filter_spec` writes for `leaf`."""
+    if is_ref(leaf):
+        # A Ref is stored as its current value; loading makes a new Ref.
+        leaf = leaf[...]
+    if isinstance(leaf, jax.Array):
+        if isinstance(leaf, Tracer):
+            raise TypeError(
+                f"cannot serialise the leaf at {path}: it is a traced array. "
+                "Call tree_serialise_leaves outside of jit/grad/vmap."
+            )
+        if leaf.is_deleted():
+            raise ValueError(
+                f"cannot serialise the leaf at {path}: its array has been deleted "
+                "(by `.delete()`, or by donating it to a jitted function). Save "
+                "it before deleting or donating it."
+            )
+        if not leaf.is_fully_addressable:
+            raise TypeError(
+                f"cannot serialise the leaf at {path}: it spans several processes. "
+                "Gather it first, e.g. with "
+                "jax.experimental.multihost_utils.process_allgather."
+            )
+        if is_key_dtype(leaf.dtype):
+            data = np.asarray(jax.random.key_data(leaf))
+            impl = str(jax.random.key_impl(leaf))
+            return _array_entry(path, "key_array", data, impl=impl)
+        return _array_entry(path, "jax_array", np.asarray(leaf))
+    if isinstance(leaf, np.ndarray):
+        return _array_entry(path, "numpy_array", leaf)
+    if isinstance(leaf, np.generic):
+        return _array_entry(path, "numpy_scalar", np.asarray(leaf))
+    kind = python_scalar_kind(leaf)
+    if kind == "bool":
+        data = bytes([leaf])
+    elif kind == "int":
+        data = int(leaf).to_bytes(
+            int(leaf).bit_length() // 8 + 1, "little", signed=True
+        )
+    elif kind == "float":
+        data = _SCALAR_FORMATS["float"].pack(leaf)
+    elif kind == "complex":
+        data = _SCALAR_FORMATS["complex"].pack(leaf.real, leaf.imag)
+    else:
+        children = jtu.tree_leaves(leaf)
+        is_node = len(children) != 1 or children[0] is not leaf
+        if is_node and any(isinstance(c, (jax.Array, np.ndarray)) for c in children):
+            raise TypeError(
+                f"default_serialise_filter_spec was given a {type(leaf).__name__} "
+                f"node at {path} that contains arrays (made a leaf by `is_leaf`); "
+                "its arrays would be lost. Drop that `is_leaf`, or pass a "
+                "filter_spec callable that saves the node's contents."
+            )
+        return EntryMeta(path, "object", "", (), 0, {"type": type(leaf).__name__}), b""
+    return EntryMeta(path, kind, kind, (), len(data)), data
+
+
+def default_serialise_filter_spec(f: BinaryIO, leaf: Any) -> None:
+    """Saves one leaf: the default `filter_spec` of
+    [`tree_serialise_leaves`][filterax.tree_serialise_leaves].
+
+    JAX and NumPy arrays, NumPy scalars and Python `bool`/`int`/`float`/`complex`
+    are stored exactly; typed key arrays as their key data plus implementation
+    name. Any other leaf (a string, a function) is recorded as present but not
+    stored: loading keeps the `like` leaf. Custom `filter_spec` callables call it
+    for the leaves they do not handle themselves.
+
+    **Arguments:**
+
+    - `f`: the file object `tree_serialise_leaves` passed to the callable.
+    - `leaf`: the leaf to save.
+
+    **Returns:** `None`.
+
+    **Raises:** `TypeError` naming the key path for arrays of unsupported dtype
+    (object, string), traced arrays, and `is_leaf` nodes that contain arrays.
+
+    ```python
+    >>> import io
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> def skip_buffers(f, leaf):  # store nothing for int arrays
+    ...     if leaf.dtype != jnp.int32:
+    ...         fx.default_serialise_filter_spec(f, leaf)
+    >>> def keep_buffers(f, like):
+    ...     if like.dtype == jnp.int32:
+    ...         return like
+    ...     return fx.default_deserialise_filter_spec(f, like)
+    >>> tree = {"w": jnp.ones(2), "step": jnp.array(7)}
+    >>> file = io.BytesIO()
+    >>> fx.tree_serialise_leaves(file, tree, skip_buffers)
+    >>> _ = file.seek(0)
+    >>> fx.tree_deserialise_leaves(file, {"w": jnp.zeros(2), "step": jnp.array(0)}, keep_buffers)
+    {'step': Array(0, dtype=int32, weak_type=True), 'w': Array([1., 1.], dtype=float32)}
+
+    ```
+    """
+    handle = leaf_handle(f, (LeafWriter,), "default_serialise_filter_spec")
+    handle.write_entry(*_encode_leaf(handle.path, leaf))
+
+
+def _read_array(
+    handle: LeafReader, dtype: str, shape: tuple[int, ...], for_jax: bool
+) -> np.ndarray:
+    meta, reader = handle.meta, handle.format_reader
+    native = dtype_from_name(dtype)
+    if math.prod(shape) * native.itemsize != meta.nbytes:
+        raise SerialisationError(
+            f"{reader.name}: entry {meta.path} is corrupted ({meta.nbytes} bytes "
+            f"of data for {shape_str(dtype, shape)})."
+        )
+    if reader.can_read_into(meta):
+        # Straight into the destination: no intermediate copy of the leaf.
+        buffer = empty_buffer(shape, native, aligned=for_jax)
+        handle.take(
+            lambda meta: reader.read_data_into(meta, buffer.reshape(-1).view(np.uint8))
+        )
+    else:  # a stream of unknown length: the data is allocated as it arrives
+        data = handle.take(reader.read_data)
+        buffer = np.frombuffer(data, np.uint8).view(native).reshape(shape)
+    if BIG_ENDIAN_HOST:
+        buffer.byteswap(inplace=True)
+    return buffer
+
+
+def _decode_python_scalar(handle: LeafReader, kind: str, like: Any) -> Any:
+    meta, reader = handle.meta, handle.format_reader
+    if _SCALAR_SIZES.get(kind, meta.nbytes) != meta.nbytes or meta.nbytes == 0:
+        raise SerialisationError(
+            f"{reader.name}: entry {meta.path} is not a valid {kind} "
+            f"({meta.nbytes} bytes)."
+        )
+    data = bytes(handle.take(reader.read_data))
+    value: Any
+    if kind == "bool":
+        if data not in (b"\x00", b"\x01"):
+            raise SerialisationError(
+                f"{reader.name}: entry {meta.path} is not a valid bool."
+            )
+        value = data == b"\x01"
+    elif kind == "int":
+        value = int.from_bytes(data, "little", signed=True)
+    else:
+        value = _SCALAR_FORMATS[kind].unpack(data)
+        value = value[0] if kind == "float" else complex(*value)
+    if type(like) not in (bool, int, float, complex):  # e.g. an IntEnum
+        try:
+            return type(like)(value)
+        except Exception:
+            return value
+    return value
+
+
+def _decode_leaf(handle: LeafReader, like: Any) -> Any:
+    meta = handle.meta
+    name = handle.format_reader.name
+
+    def mismatch() -> SerialisationError:
+        return SerialisationError(
+            f"{name}: entry {meta.path} holds {meta.describe()}, but `like` "
+            f"has {describe_like(like)} there." + leaf_note(handle.key_path, "mismatch")
+        )
+
+    if is_ref(like):
+        template = like[...]
+        if not is_array_template(template):
+            raise mismatch()
+        return jax.new_ref(_decode_leaf_as(handle, template, mismatch))
+    return _decode_leaf_as(handle, like, mismatch)
+
+
+def _decode_leaf_as(handle: LeafReader, like: Any, mismatch: Any) -> Any:
+    """The leaf the entry holds, of the type of `like` (not a Ref)."""
+    meta = handle.meta
+    like_dtype = getattr(like, "dtype", None)
+    if is_array_template(like) and is_key_dtype(like_dtype):
+        impl = meta.extra.get("impl")
+        if meta.kind != "key_array" or not isinstance(impl, str):
+            raise mismatch()
+        try:
+            key_dtype, trailing = key_layout(impl)
+        except (ValueError, TypeError):
+            raise SerialisationError(
+                f"{handle.format_reader.name}: entry {meta.path} holds keys of "
+                f"PRNG implementation {impl!r}, which this JAX does not know."
+            ) from None
+        if key_dtype != like_dtype or meta.shape != (*like.shape, *trailing):
+            raise mismatch()
+        data = _read_array(handle, meta.dtype, meta.shape, for_jax=True)
+        return place(jax.random.wrap_key_data(jnp.asarray(data), impl=impl), like)
+    if is_array_template(like):
+        if (
+            meta.kind not in ARRAY_KINDS
+            or meta.dtype != dtype_name(np.dtype(like_dtype))
+            or meta.shape != tuple(np.shape(like))
+        ):
+            raise mismatch()
+        for_jax = isinstance(like, (jax.Array, jax.ShapeDtypeStruct))
+        array = _read_array(handle, meta.dtype, meta.shape, for_jax)
+        if for_jax:
+            return place(array, like)
+        if array.dtype != like_dtype:  # a non-native byte order
+            array = array.astype(like_dtype)
+        return array[()] if isinstance(like, np.generic) else array
+    kind = python_scalar_kind(like)
+    if kind is not None:
+        if meta.kind != kind:
+            raise mismatch()
+        return _decode_python_scalar(handle, kind, like)
+    if meta.kind == "object" or (meta.kind == "raw" and meta.nbytes == 0):
+        handle.take(handle.format_reader.read_data)  # checks the (empty) data
+        return like
+    raise mismatch()
+
+
+def default_deserialise_filter_spec(f: BinaryIO, like: Any) -> Any:
+    """Loads one leaf: the default `filter_spec` of
+    [`tree_deserialise_leaves`][filterax.tree_deserialise_leaves].
+
+    The restored leaf has the type of `like`: a JAX array (on `like`'s sharding
+    when `like` was committed to one, otherwise on the default device), a NumPy
+    array or scalar, or a Python scalar of `like`'s type. A
+    `jax.ShapeDtypeStruct` `like` gives a JAX array, so a model built with
+    `jax.eval_shape` can be loaded without first allocating it. Non-array
+    leaves (strings, functions) are returned from `like` unchanged.
+
+    **Arguments:**
+
+    - `f`: the file object `tree_deserialise_leaves` passed to the callable.
+    - `like`: the leaf of `like` at this position.
+
+    **Returns:** the restored leaf.
+
+    **Raises:** [`SerialisationError`][filterax.SerialisationError] naming the
+    key path when the stored value does not match `like` (kind, shape, dtype or
+    PRNG implementation) or its data is corrupted or truncated.
+
+    ```python
+    >>> import io
+    >>> import jax, jax.numpy as jnp
+    >>> import filterax as fx
+    >>> file = io.BytesIO()
+    >>> fx.tree_serialise_leaves(file, {"w": jnp.arange(3.0)})
+    >>> _ = file.seek(0)
+    >>> like = jax.eval_shape(lambda: {"w": jnp.zeros(3)})
+    >>> fx.tree_deserialise_leaves(file, like, fx.default_deserialise_filter_spec)
+    {'w': Array([0., 1., 2.], dtype=float32)}
+
+    ```
+    """
+    handle = leaf_handle(
+        f, (LeafReader, NpyLeafReader), "default_deserialise_filter_spec"
+    )
+    if isinstance(handle, NpyLeafReader):
+        return decode_equinox_leaf(handle, like)
+    return _decode_leaf(handle, like)

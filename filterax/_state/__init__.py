@@ -1,0 +1,14 @@
+"""State that lives in the model: `jax.Ref` support and `RngStream`.
+
+- `_rng.py`: `RngStream`, a typed key plus a counter held in a Ref.
+
+The transforms themselves (jit, vmap, the AD transforms, control flow,
+serialisation) treat Refs as dynamic leaves; `is_ref` is in `_filters.py`.
+Equinox's functional `State` is part of `filterax.nn`.
+
+May import: `jax`, `_filters`, `_module`.
+"""
+
+from ._rng import RngStream
+
+__all__ = ["RngStream"]

@@ -1,0 +1,246 @@
+"""`Linear` and `Identity`, and the two initialisation helpers the other layers in
+this folder share (`default_floating_dtype`, `uniform_init`)."""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Literal, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Inexact, PRNGKeyArray
+
+from .._module import Module, field
+
+__all__ = ["Identity", "Linear"]
+
+_T = TypeVar("_T")
+
+
+def default_floating_dtype() -> Any:
+    """`float64` when `jax_enable_x64` is on, `float32` otherwise: the dtype that
+    layers use for their parameters when no `dtype=` is given."""
+    return jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32
+
+
+def uniform_init(key: Any, shape: tuple[int, ...], dtype: Any, limit: float) -> Array:
+    """Samples uniformly from `[-limit, limit)`. For a complex `dtype` the real
+    and imaginary parts are sampled independently, each from its own half of a
+    split of `key`; `dtype=None` means `default_floating_dtype()`."""
+    dtype = default_floating_dtype() if dtype is None else jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        part_dtype = jnp.finfo(dtype).dtype
+        real_key, imag_key = jax.random.split(key, 2)
+        real = jax.random.uniform(real_key, shape, part_dtype, -limit, limit)
+        imag = jax.random.uniform(imag_key, shape, part_dtype, -limit, limit)
+        return jax.lax.complex(real, imag).astype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(
+            f"Parameters must have a floating or complex dtype, got {jnp.dtype(dtype)}."
+        )
+    return jax.random.uniform(key, shape, dtype, -limit, limit)
+
+
+def non_negative_int(value: Any, layer: str, name: str) -> int:
+    """`value` as an int, or a `TypeError`/`ValueError` naming `layer`'s argument
+    `name` unless it is a non-negative integer (bools are refused)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        size = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{layer}: `{name}` must be a non-negative int, got {value!r}."
+        ) from None
+    if size < 0:
+        raise ValueError(f"{layer}: `{name}` must be non-negative, got {size}.")
+    return size
+
+
+def check_key(key: Any, layer: str) -> None:
+    """Raises a `TypeError` unless `key` is a PRNG key (typed, or legacy uint32)."""
+    if isinstance(key, (jax.Array, np.ndarray)) and (
+        jnp.issubdtype(key.dtype, jax.dtypes.prng_key) or key.dtype == np.uint32
+    ):
+        return
+    raise TypeError(
+        f"{layer} needs `key=`, a PRNG key such as `jax.random.key(0)`, to "
+        f"initialise its parameters; got {key!r}."
+    )
+
+
+def _check_features(value: Any, name: str) -> int | Literal["scalar"]:
+    if isinstance(value, str):
+        if value == "scalar":
+            return "scalar"
+        raise ValueError(f"Linear: `{name}` must be an int or 'scalar', got {value!r}.")
+    try:
+        return non_negative_int(value, "Linear", name)
+    except TypeError:
+        raise TypeError(
+            f"Linear: `{name}` must be a non-negative int or 'scalar', got {value!r}."
+        ) from None
+
+
+class Linear(Module):
+    """A dense layer: `weight @ x + bias`.
+
+    The weight has shape `(out_features, in_features)` and the bias
+    `(out_features,)`; both are drawn uniformly from `[-1/sqrt(in_features),
+    1/sqrt(in_features))` (from `[-1, 1)` when `in_features` is 0), the same
+    values as `equinox.nn.Linear` draws from the same key.
+
+    **Arguments:**
+
+    - `in_features`: the size of the input vector, or `"scalar"` for an input of
+      shape `()`.
+    - `out_features`: the size of the output vector, or `"scalar"` for an output
+      of shape `()`.
+    - `use_bias`: whether to add a bias; `bias` is `None` otherwise.
+    - `dtype`: the dtype of the parameters (floating or complex). Defaults to
+      `float32`, or `float64` when `jax_enable_x64` is on.
+    - `key`: a PRNG key for the initialisation (keyword only).
+
+    **Returns:** the layer. Call it on one vector; use
+    [`filter_vmap`][filterax.filter_vmap] or `jax.vmap` for a batch.
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> import filterax as fx
+    >>> linear = fx.nn.Linear(3, 4, key=jax.random.key(0))
+    >>> linear.weight.shape, linear.bias.shape
+    ((4, 3), (4,))
+    >>> x = jnp.arange(3.0)
+    >>> bool(jnp.allclose(linear(x), linear.weight @ x + linear.bias))
+    True
+    >>> fx.nn.Linear("scalar", 2, key=jax.random.key(0))(1.0).shape
+    (2,)
+
+    ```
+    """
+
+    weight: Inexact[Array, "out_features in_features"]
+    bias: Inexact[Array, " out_features"] | None
+    in_features: int | Literal["scalar"] = field(static=True)
+    out_features: int | Literal["scalar"] = field(static=True)
+    use_bias: bool = field(static=True)
+
+    def __init__(
+        self,
+        in_features: int | Literal["scalar"],
+        out_features: int | Literal["scalar"],
+        use_bias: bool = True,
+        dtype: Any = None,
+        *,
+        key: PRNGKeyArray,
+    ):
+        in_features = _check_features(in_features, "in_features")
+        out_features = _check_features(out_features, "out_features")
+        check_key(key, "Linear")
+        dtype = default_floating_dtype() if dtype is None else dtype
+        n_in = 1 if in_features == "scalar" else in_features
+        n_out = 1 if out_features == "scalar" else out_features
+        limit = 1.0 if n_in == 0 else 1 / math.sqrt(n_in)
+        weight_key, bias_key = jax.random.split(key, 2)
+        self.weight = uniform_init(weight_key, (n_out, n_in), dtype, limit)
+        self.bias = uniform_init(bias_key, (n_out,), dtype, limit) if use_bias else None
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = use_bias
+
+    def __call__(self, x: ArrayLike, *, key: PRNGKeyArray | None = None) -> Array:
+        """Applies the layer to one input.
+
+        **Arguments:**
+
+        - `x`: an array of shape `(in_features,)`, or of shape `()` when
+          `in_features="scalar"`.
+        - `key`: ignored; accepted so that every layer can be called alike.
+
+        **Returns:** an array of shape `(out_features,)`, or `()` when
+        `out_features="scalar"`.
+
+        **Raises:** `ValueError` when `x` has another shape.
+
+        ```python
+        >>> import jax, jax.numpy as jnp
+        >>> import filterax as fx
+        >>> fx.nn.Linear(2, "scalar", key=jax.random.key(1))(jnp.ones(2)).shape
+        ()
+
+        ```
+        """
+        del key
+        shape = jnp.shape(x)
+        if self.in_features == "scalar":
+            if shape != ():
+                raise ValueError(
+                    "Linear(in_features='scalar') expects an input of shape (), got "
+                    f"shape {shape}."
+                )
+            x = jnp.reshape(x, (1,))
+        elif shape != (self.in_features,):
+            raise ValueError(
+                f"Linear expects an input of shape ({self.in_features},), got shape "
+                f"{shape}. For a batch of inputs, map the layer with "
+                "`filterax.filter_vmap` or `jax.vmap`."
+            )
+        # One dot_general contracting x's features with the weight's second axis
+        # (`x @ weight.T` without a transpose): under `vmap` it becomes a single
+        # batch-leading matrix product, and the jaxpr has the same primitives as
+        # `weight @ x`.
+        dtype = jnp.result_type(x, self.weight)
+        out = jax.lax.dot_general(
+            jnp.asarray(x, dtype), self.weight.astype(dtype), (((0,), (1,)), ((), ()))
+        )
+        if self.bias is not None:
+            out = out + self.bias
+        if self.out_features == "scalar":
+            out = jnp.reshape(out, ())
+        return out
+
+
+class Identity(Module):
+    """A layer that returns its input unchanged: a placeholder for another layer.
+
+    **Arguments:** any positional and keyword arguments, all ignored (so that
+    it can stand in for a layer whose constructor takes some).
+
+    **Returns:** the layer, which has no fields: every `Identity` equals every
+    other.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> fx.nn.Identity(3, name="unused")(jnp.arange(3)).tolist()
+    [0, 1, 2]
+    >>> fx.nn.Identity() == fx.nn.Identity(5)
+    True
+
+    ```
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        del args, kwargs
+
+    def __call__(self, x: _T, *, key: PRNGKeyArray | None = None) -> _T:
+        """Returns `x`.
+
+        **Arguments:**
+
+        - `x`: anything.
+        - `key`: ignored.
+
+        **Returns:** `x` itself.
+
+        ```python
+        >>> import filterax as fx
+        >>> fx.nn.Identity()("anything")
+        'anything'
+
+        ```
+        """
+        del key
+        return x

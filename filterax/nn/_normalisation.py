@@ -1,0 +1,388 @@
+"""Normalisation layers without running statistics: `LayerNorm`, `RMSNorm`,
+`GroupNorm`.
+
+Each one computes its statistics in at least float32 (half-precision inputs are
+upcast, float64 stays float64) and returns the input's dtype.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any, TypeVar, overload
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from .._module import Module, field
+
+__all__ = ["GroupNorm", "LayerNorm", "RMSNorm"]
+
+_State = TypeVar("_State")
+
+
+class _NoState:
+    """The default of the optional `state` argument: tells "not passed" from any
+    value a user may pass, `None` included."""
+
+    def __repr__(self) -> str:
+        return "<no state>"
+
+
+_NO_STATE: Any = _NoState()
+
+
+def _statistics_dtype(dtype: Any) -> Any:
+    """The dtype the statistics are computed in: at least float32."""
+    with jax.numpy_dtype_promotion("standard"):
+        return jnp.result_type(dtype, jnp.float32)
+
+
+def _shape_tuple(shape: int | Sequence[int]) -> tuple[int, ...]:
+    return (shape,) if isinstance(shape, int) else tuple(shape)
+
+
+def _with_state(out: Array, state: Any) -> Any:
+    return out if state is _NO_STATE else (out, state)
+
+
+class LayerNorm(Module):
+    """Normalises a whole array by its mean and variance, then optionally scales
+    and shifts it elementwise.
+
+    Computes `(x - mean(x)) / sqrt(var(x) + eps) * weight + bias`, where the mean
+    and variance are taken over every element of `x`, and `weight` (ones at
+    initialisation) and `bias` (zeros) have the shape of `x`. To normalise over
+    the trailing axes only, `jax.vmap` the layer over the leading ones.
+
+    **Arguments:**
+
+    - `shape`: the shape of the input, an `int` or a sequence of `int`s.
+    - `eps`: added to the variance before the square root.
+    - `use_weight`: whether to hold a learnable `weight` (else `weight` is `None`).
+    - `use_bias`: whether to hold a learnable `bias` (else `bias` is `None`).
+    - `dtype`: the dtype of `weight` and `bias`; defaults to float32 (float64
+      when JAX's x64 mode is on).
+    - `elementwise_affine`: deprecated (keyword only); sets both `use_weight`
+      and `use_bias`, and warns with a `FutureWarning`.
+
+    **Returns:** calling the layer on `x` of shape `shape` returns an array of the
+    same shape and dtype (and `(output, state)` when a `state` is passed too).
+
+    ```python
+    >>> import jax.numpy as jnp, numpy as np
+    >>> import filterax as fx
+    >>> norm = fx.nn.LayerNorm(4)
+    >>> norm.weight.shape, norm.bias.shape
+    ((4,), (4,))
+    >>> np.asarray(norm(jnp.array([1.0, 2.0, 3.0, 4.0]))).round(3)
+    array([-1.342, -0.447,  0.447,  1.342], dtype=float32)
+
+    ```
+    """
+
+    shape: tuple[int, ...] = field(static=True)
+    eps: float = field(static=True)
+    use_weight: bool = field(static=True)
+    use_bias: bool = field(static=True)
+    weight: Float[Array, "*shape"] | None
+    bias: Float[Array, "*shape"] | None
+
+    def __init__(
+        self,
+        shape: int | Sequence[int],
+        eps: float = 1e-5,
+        use_weight: bool = True,
+        use_bias: bool = True,
+        dtype: Any = None,
+        *,
+        elementwise_affine: bool | None = None,
+    ):
+        if elementwise_affine is not None:
+            warnings.warn(
+                "LayerNorm(elementwise_affine=...) is deprecated: pass "
+                "use_weight=... and use_bias=... instead.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            use_weight = use_bias = elementwise_affine
+        self.shape = _shape_tuple(shape)
+        self.eps = eps
+        self.use_weight = use_weight
+        self.use_bias = use_bias
+        self.weight = jnp.ones(self.shape, dtype) if use_weight else None
+        self.bias = jnp.zeros(self.shape, dtype) if use_bias else None
+
+    @overload
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array: ...
+
+    @overload
+    def __call__(
+        self, x: Array, state: _State, *, key: PRNGKeyArray | None = None
+    ) -> tuple[Array, _State]: ...
+
+    def __call__(
+        self,
+        x: Float[Array, "*shape"],
+        state: Any = _NO_STATE,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Any:
+        """Normalises `x`.
+
+        **Arguments:**
+
+        - `x`: an array of shape `shape`.
+        - `state`: optional, returned unchanged (so that the layer can stand
+          where a [`BatchNorm`][filterax.nn.BatchNorm] does).
+        - `key`: ignored (keyword only).
+
+        **Returns:** the normalised array, of `x`'s shape and dtype; or
+        `(output, state)` when `state` is passed.
+        """
+        if x.shape != self.shape:
+            raise ValueError(
+                f"LayerNorm(shape={self.shape}) expects an input of shape "
+                f"{self.shape}; got shape {x.shape}. To normalise over the "
+                "trailing axes of a batch, map the layer over the leading axes: "
+                "`jax.vmap(layer_norm)(x)`."
+            )
+        dtype = _statistics_dtype(x.dtype)
+        y = x.astype(dtype)
+        mean = jnp.mean(y, keepdims=True)
+        variance = jnp.maximum(0.0, jnp.var(y, keepdims=True))
+        out = (y - mean) * jax.lax.rsqrt(variance + self.eps)
+        if self.weight is not None:
+            out = self.weight.astype(dtype) * out
+        if self.bias is not None:
+            out = out + self.bias.astype(dtype)
+        return _with_state(out.astype(x.dtype), state)
+
+
+class RMSNorm(Module):
+    """Rescales an array by its root mean square (no centring), then optionally
+    scales and shifts it elementwise.
+
+    Computes `x / sqrt(mean(x**2) + eps) * weight + bias`, where the mean is
+    taken over every element of `x`, and `weight` (ones at initialisation) and
+    `bias` (zeros) have the shape of `x`.
+
+    **Arguments:**
+
+    - `shape`: the shape of the input, an `int` or a sequence of `int`s.
+    - `eps`: added to the mean square before the square root.
+    - `use_weight`: whether to hold a learnable `weight` (else `weight` is `None`).
+    - `use_bias`: whether to hold a learnable `bias` (else `bias` is `None`).
+    - `dtype`: the dtype of `weight` and `bias`; defaults to float32 (float64
+      when JAX's x64 mode is on).
+
+    **Returns:** calling the layer on `x` of shape `shape` returns an array of the
+    same shape and dtype (and `(output, state)` when a `state` is passed too).
+
+    ```python
+    >>> import jax.numpy as jnp, numpy as np
+    >>> import filterax as fx
+    >>> norm = fx.nn.RMSNorm(2, use_bias=False)
+    >>> np.asarray(norm(jnp.array([3.0, 4.0]))).round(3)
+    array([0.849, 1.131], dtype=float32)
+
+    ```
+    """
+
+    shape: tuple[int, ...] = field(static=True)
+    eps: float = field(static=True)
+    use_weight: bool = field(static=True)
+    use_bias: bool = field(static=True)
+    weight: Float[Array, "*shape"] | None
+    bias: Float[Array, "*shape"] | None
+
+    def __init__(
+        self,
+        shape: int | Sequence[int],
+        eps: float = 1e-5,
+        use_weight: bool = True,
+        use_bias: bool = True,
+        dtype: Any = None,
+    ):
+        self.shape = _shape_tuple(shape)
+        self.eps = eps
+        self.use_weight = use_weight
+        self.use_bias = use_bias
+        self.weight = jnp.ones(self.shape, dtype) if use_weight else None
+        self.bias = jnp.zeros(self.shape, dtype) if use_bias else None
+
+    @overload
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array: ...
+
+    @overload
+    def __call__(
+        self, x: Array, state: _State, *, key: PRNGKeyArray | None = None
+    ) -> tuple[Array, _State]: ...
+
+    def __call__(
+        self,
+        x: Float[Array, "*shape"],
+        state: Any = _NO_STATE,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Any:
+        """Rescales `x`.
+
+        **Arguments:**
+
+        - `x`: an array of shape `shape`.
+        - `state`: optional, returned unchanged (so that the layer can stand
+          where a [`BatchNorm`][filterax.nn.BatchNorm] does).
+        - `key`: ignored (keyword only).
+
+        **Returns:** the rescaled array, of `x`'s shape and dtype; or
+        `(output, state)` when `state` is passed.
+        """
+        if x.shape != self.shape:
+            raise ValueError(
+                f"RMSNorm(shape={self.shape}) expects an input of shape "
+                f"{self.shape}; got shape {x.shape}. To normalise over the "
+                "trailing axes of a batch, map the layer over the leading axes: "
+                "`jax.vmap(rms_norm)(x)`."
+            )
+        dtype = _statistics_dtype(x.dtype)
+        y = x.astype(dtype)
+        out = jax.lax.rsqrt(jnp.mean(y**2) + self.eps) * y
+        if self.weight is not None:
+            out = self.weight.astype(dtype) * out
+        if self.bias is not None:
+            out = out + self.bias.astype(dtype)
+        return _with_state(out.astype(x.dtype), state)
+
+
+class GroupNorm(Module):
+    """Splits the channels (the first axis) into groups and normalises each group
+    by its own mean and variance, then optionally scales and shifts each channel.
+
+    For an input of shape `(channels, *spatial)`, each group of
+    `channels // groups` consecutive channels is normalised as
+    `(x - mean) / sqrt(var + eps)` over all its elements, then channel `c` is
+    mapped to `out[c] * weight[c] + bias[c]`.
+
+    **Arguments:**
+
+    - `groups`: the number of groups; must divide `channels`.
+    - `channels`: the number of channels; may be `None` only when
+      `channelwise_affine=False`.
+    - `eps`: added to the variance before the square root.
+    - `channelwise_affine`: whether to hold a learnable per-channel `weight`
+      (ones) and `bias` (zeros), each of shape `(channels,)`.
+    - `dtype`: the dtype of `weight` and `bias`; defaults to float32 (float64
+      when JAX's x64 mode is on).
+
+    **Returns:** calling the layer on `x` of shape `(channels, ...)` returns an
+    array of the same shape and dtype (and `(output, state)` when a `state` is
+    passed too).
+
+    **Raises:** `ValueError` if `groups` does not divide `channels`, or if
+    `channels` is `None` while `channelwise_affine=True`.
+
+    ```python
+    >>> import jax.numpy as jnp, numpy as np
+    >>> import filterax as fx
+    >>> norm = fx.nn.GroupNorm(groups=2, channels=4)
+    >>> np.asarray(norm(jnp.array([1.0, 3.0, 10.0, 20.0]))).round(3)
+    array([-1.,  1., -1.,  1.], dtype=float32)
+
+    ```
+    """
+
+    groups: int = field(static=True)
+    channels: int | None = field(static=True)
+    eps: float = field(static=True)
+    channelwise_affine: bool = field(static=True)
+    weight: Float[Array, " channels"] | None
+    bias: Float[Array, " channels"] | None
+
+    def __init__(
+        self,
+        groups: int,
+        channels: int | None = None,
+        eps: float = 1e-5,
+        channelwise_affine: bool = True,
+        dtype: Any = None,
+    ):
+        if groups < 1:
+            raise ValueError(
+                f"GroupNorm needs at least one group; got groups={groups}."
+            )
+        if channels is not None and channels % groups != 0:
+            raise ValueError(
+                f"GroupNorm: groups={groups} must divide channels={channels}."
+            )
+        if channels is None and channelwise_affine:
+            raise ValueError(
+                "GroupNorm(channelwise_affine=True) needs the number of channels: "
+                "pass channels=..., or channelwise_affine=False."
+            )
+        self.groups = groups
+        self.channels = channels
+        self.eps = eps
+        self.channelwise_affine = channelwise_affine
+        self.weight = jnp.ones(channels, dtype) if channelwise_affine else None
+        self.bias = jnp.zeros(channels, dtype) if channelwise_affine else None
+
+    @overload
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array: ...
+
+    @overload
+    def __call__(
+        self, x: Array, state: _State, *, key: PRNGKeyArray | None = None
+    ) -> tuple[Array, _State]: ...
+
+    def __call__(
+        self,
+        x: Float[Array, "channels ..."],
+        state: Any = _NO_STATE,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Any:
+        """Normalises `x` group by group.
+
+        **Arguments:**
+
+        - `x`: an array of shape `(channels, ...)`.
+        - `state`: optional, returned unchanged (so that the layer can stand
+          where a [`BatchNorm`][filterax.nn.BatchNorm] does).
+        - `key`: ignored (keyword only).
+
+        **Returns:** the normalised array, of `x`'s shape and dtype; or
+        `(output, state)` when `state` is passed.
+        """
+        if x.ndim == 0:
+            raise ValueError(
+                "GroupNorm expects an input of shape (channels, ...); got a scalar."
+            )
+        channels = x.shape[0]
+        if channels % self.groups != 0:
+            raise ValueError(
+                f"GroupNorm(groups={self.groups}) expects a number of channels "
+                f"(the first axis) divisible by {self.groups}; got an input of "
+                f"shape {x.shape}."
+            )
+        if self.channelwise_affine and channels != self.channels:
+            raise ValueError(
+                f"GroupNorm(channels={self.channels}) expects an input of shape "
+                f"({self.channels}, ...); got shape {x.shape}."
+            )
+        dtype = _statistics_dtype(x.dtype)
+        grouped = x.astype(dtype).reshape(
+            self.groups, channels // self.groups, *x.shape[1:]
+        )
+        within_group = tuple(range(1, grouped.ndim))
+        mean = jnp.mean(grouped, axis=within_group, keepdims=True)
+        variance = jnp.var(grouped, axis=within_group, keepdims=True)
+        variance = jnp.maximum(0.0, variance)
+        out = ((grouped - mean) * jax.lax.rsqrt(variance + self.eps)).reshape(x.shape)
+        if self.weight is not None and self.bias is not None:
+            per_channel = (channels,) + (1,) * (x.ndim - 1)
+            weight = jnp.broadcast_to(self.weight.reshape(per_channel), x.shape)
+            bias = jnp.broadcast_to(self.bias.reshape(per_channel), x.shape)
+            out = weight.astype(dtype) * out + bias.astype(dtype)
+        return _with_state(out.astype(x.dtype), state)
