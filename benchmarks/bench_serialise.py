@@ -8,8 +8,9 @@ machine noise; there are no assertions on time. Reported:
 - save MB/s: filterax to a path (atomic: temporary file, fsync, rename), filterax
   to an open file (no fsync), `numpy.save` of each array in turn to one open
   file, and the same followed by an fsync; every save creates a new file;
-- load MB/s: filterax into a `like` of NumPy arrays and of JAX arrays, and
-  `numpy.load` of each array in turn;
+- load MB/s: filterax into a `like` of NumPy arrays and of JAX arrays,
+  filterax reading the `numpy.save` file (which is what Equinox writes: an
+  Equinox-format checkpoint), and `numpy.load` of each array in turn;
 - peak host memory (tracemalloc) while saving and loading, above what the
   result holds, against the largest leaf: streaming keeps it within one leaf,
   independent of the model size.
@@ -62,7 +63,7 @@ def best_time(function: Callable[[], Any], rounds: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--mb", type=float, default=200.0, help="model size in MB")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -108,6 +109,10 @@ def main() -> None:
         def load_filterax_jax() -> Any:
             return jax.block_until_ready(fx.tree_deserialise_leaves(ours, jax_model))
 
+        def load_filterax_equinox_format() -> Any:
+            # Dict keys flatten sorted, which is also the order they were saved in.
+            return fx.tree_deserialise_leaves(theirs, numpy_like)
+
         def load_numpy() -> Any:
             with open(theirs, "rb") as file:
                 return {name: np.load(file) for name in model}
@@ -121,6 +126,7 @@ def main() -> None:
         load_rows = [
             ("filterax, like = NumPy arrays", load_filterax_numpy),
             ("filterax, like = JAX arrays", load_filterax_jax),
+            ("filterax, Equinox format", load_filterax_equinox_format),
             ("numpy.load", load_numpy),
         ]
         times: dict[str, list[float]] = {}
@@ -128,8 +134,8 @@ def main() -> None:
             for label, function in save_rows + load_rows:
                 times.setdefault(label, []).append(best_time(function, 1))
 
-        loaded = load_filterax_numpy()
-        assert all((loaded[name] == model[name]).all() for name in model)
+        for loaded in (load_filterax_numpy(), load_filterax_equinox_format()):
+            assert all((loaded[name] == model[name]).all() for name in model)
 
         def peak_above_result(function: Callable[[], Any]) -> float:
             """Peak traced host memory above what the result still holds at
@@ -146,6 +152,10 @@ def main() -> None:
             ("save, filterax (path)", peak_above_result(save_filterax_path)),
             ("load, filterax, like = NumPy", peak_above_result(load_filterax_numpy)),
             ("load, filterax, like = JAX", peak_above_result(load_filterax_jax)),
+            (
+                "load, filterax, Equinox format",
+                peak_above_result(load_filterax_equinox_format),
+            ),
             ("load, numpy.load", peak_above_result(load_numpy)),
         ]
 

@@ -13,15 +13,21 @@ losses:
   `jax.vjp` needs, since XLA does not fold `x * 0` for floats);
 
 and the ratios partial / restricted (ideally 1.00) and partial / zeros.
-FLOPs are deterministic; there are no timings.
+FLOPs are deterministic.
 
-Run: `python benchmarks/bench_vjp.py [--width 256] [--batch 64]`
+A second table times the pullback called eagerly, outside `jit`, in a loop:
+`filter_vjp`'s function (full and partial cotangents) against the function
+`jax.vjp` returns, in interleaved rounds; minimum per-call times and their ratio
+are printed. No assertion is made on the timings.
+
+Run: `python benchmarks/bench_vjp.py [--width 256] [--batch 64] [--rounds 7]`
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -77,10 +83,47 @@ def backward_flops(
     return flops(pull_back, params, x)
 
 
+def eager_pullback_us(pull_back: Callable[[], Any], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        jax.block_until_ready(pull_back())
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def eager_table(params: Any, x: jax.Array, rounds: int, calls: int) -> None:
+    one = jnp.ones(())
+    full_ct = {name: one for name in NAMES}
+    partial_ct = {name: one if name == "fit" else None for name in NAMES}
+    _, ours = fx.filter_vjp(losses, params, x)
+    _, floor = jax.vjp(losses, params, x)
+    cases = {
+        "full cotangent": (lambda: ours(full_ct), lambda: floor(full_ct)),
+        "partial cotangent": (
+            lambda: ours(partial_ct),
+            lambda: floor({n: one if n == "fit" else jnp.zeros(()) for n in NAMES}),
+        ),
+    }
+    print(f"\neager pullback, {calls} calls per round, best of {rounds} rounds")
+    for name, (ours_call, floor_call) in cases.items():
+        for call in (ours_call, floor_call):
+            jax.block_until_ready(call())
+        ours_times, floor_times = [], []
+        for _ in range(rounds):
+            ours_times.append(eager_pullback_us(ours_call, calls))
+            floor_times.append(eager_pullback_us(floor_call, calls))
+        low, floor_low = min(ours_times), min(floor_times)
+        print(
+            f"  {name:<18} filter_vjp {low:9.1f} us  jax.vjp {floor_low:9.1f} us"
+            f"   ratio {low / floor_low:4.2f}x"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args()
     params = make_params(args.width)
     x = jax.random.normal(jax.random.key(1), (args.batch, args.width))
@@ -104,6 +147,7 @@ def main() -> None:
                 f"{zeros / 1e6:>10.2f}{partial / target:>20.3f}"
                 f"{partial / zeros:>15.3f}"
             )
+    eager_table(params, x, args.rounds, args.calls)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Fit a small MLP to synthetic regression data.
 
-The model is an ordinary `filterax.Module`: a list of `Linear` layers plus an
-activation function. The activation is a Python function, not an array, and
-the filtered transformations handle it without any annotation: `filter_jit`
-treats it as a compile-time constant and `filter_value_and_grad` gives it a
-`None` gradient.
+The model is a `filterax.nn.MLP`: an ordinary `filterax.Module` holding a tuple
+of `nn.Linear` layers and an activation function. The activation is a Python
+function, not an array, and the filtered transformations handle it without any
+annotation: `filter_jit` treats it as a compile-time constant and
+`filter_value_and_grad` gives it a `None` gradient.
 
     python examples/train_mlp.py            # full run
     python examples/train_mlp.py --small    # a few seconds (used by CI)
@@ -16,63 +16,15 @@ with status 1 if the loss did not fall, so it doubles as a smoke test.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 
 import filterax as fx
-
-
-class Linear(fx.Module):
-    """`x -> weight @ x + bias`, initialised uniformly in +-1/sqrt(in_size)."""
-
-    weight: jax.Array
-    bias: jax.Array
-
-    def __init__(self, in_size: int, out_size: int, *, key: jax.Array):
-        weight_key, bias_key = jax.random.split(key)
-        limit = 1 / math.sqrt(in_size)
-        self.weight = jax.random.uniform(
-            weight_key, (out_size, in_size), minval=-limit, maxval=limit
-        )
-        self.bias = jax.random.uniform(
-            bias_key, (out_size,), minval=-limit, maxval=limit
-        )
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.weight @ x + self.bias
-
-
-class MLP(fx.Module):
-    """A multi-layer perceptron acting on a single example (use `jax.vmap` to
-    batch it)."""
-
-    layers: list[Linear]
-    activation: Callable[[jax.Array], jax.Array]
-
-    def __init__(
-        self,
-        sizes: list[int],
-        activation: Callable[[jax.Array], jax.Array],
-        *,
-        key: jax.Array,
-    ):
-        keys = jax.random.split(key, len(sizes) - 1)
-        self.layers = [
-            Linear(n_in, n_out, key=k)
-            for n_in, n_out, k in zip(sizes[:-1], sizes[1:], keys)
-        ]
-        self.activation = activation
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        for layer in self.layers[:-1]:
-            x = self.activation(layer(x))
-        return self.layers[-1](x)
+from filterax import nn
 
 
 def make_data(key: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
@@ -86,20 +38,21 @@ def make_data(key: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
 BATCH_SIZE = 128
 
 
-def loss_fn(model: MLP, x: jax.Array, y: jax.Array) -> jax.Array:
+def loss_fn(model: nn.MLP, x: jax.Array, y: jax.Array) -> jax.Array:
+    # Layers act on one example: `jax.vmap` maps the model over the batch.
     prediction = jax.vmap(model)(x)
     return jnp.mean((prediction - y) ** 2)
 
 
 @fx.filter_jit
 def train_step(
-    model: MLP,
+    model: nn.MLP,
     opt_state: optax.OptState,
     optimiser: optax.GradientTransformation,
     x_train: jax.Array,
     y_train: jax.Array,
     key: jax.Array,
-) -> tuple[MLP, optax.OptState, jax.Array]:
+) -> tuple[nn.MLP, optax.OptState, jax.Array]:
     # Arrays (the key included) are traced; `optimiser` holds only functions,
     # so filter_jit treats it as static. One compilation serves every step.
     index = jax.random.randint(key, (BATCH_SIZE,), 0, len(x_train))
@@ -139,12 +92,20 @@ def main(argv: list[str] | None = None) -> int:
 
     data_key, model_key, batch_key = jax.random.split(jax.random.key(args.seed), 3)
     x_train, y_train = make_data(data_key, 1024)
-    model = MLP([2, width, width, 1], jax.nn.tanh, key=model_key)
+    model = nn.MLP(
+        in_size=2,
+        out_size=1,
+        width_size=width,
+        depth=2,
+        activation=jax.nn.tanh,
+        key=model_key,
+    )
     print(model)
 
     optimiser = optax.adam(3e-3)
-    # The optimiser only ever sees the differentiable leaves.
-    opt_state = optimiser.init(fx.filter(model, fx.is_inexact_array))
+    # The optimiser only ever sees the trainable leaves: the weights and
+    # biases, not the activation or the layer sizes.
+    opt_state = optimiser.init(fx.trainable(model))
 
     losses = []
     start = time.perf_counter()
