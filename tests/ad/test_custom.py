@@ -284,3 +284,20 @@ def test_custom_vjp_inside_jit_and_scan():
         jnp.ones(2), jnp.ones(4)
     )
     assert jnp.array_equal(grads, jnp.full((4, 2), 10.0))
+
+
+def test_deprecated_defvjp_warns_and_registers_rules_without_perturbed():
+    @fx.filter_custom_vjp
+    def scaled(x, factor):
+        return x * factor
+
+    def forward(x, factor):
+        return x * factor, factor
+
+    def backward(residual, grad_out, x, factor):
+        return 10 * residual * grad_out  # deliberately not the true derivative
+
+    with pytest.warns(DeprecationWarning, match="def_fwd"):
+        scaled.defvjp(forward, backward)
+    grad = fx.filter_grad(lambda x: scaled(x, 3.0).sum())(jnp.ones(2))
+    assert jnp.array_equal(grad, jnp.full(2, 30.0))
