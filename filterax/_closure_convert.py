@@ -12,7 +12,7 @@ from jax.core import eval_jaxpr
 from ._eval_shape import is_shaped, traced_call
 from ._module import Module, field
 from ._split import StaticPart, split
-from ._structure import tree_diff
+from ._structure import differences_text
 
 __all__ = ["filter_closure_convert"]
 
@@ -52,9 +52,8 @@ class _ConvertedBase(Module):
             or tuple(map(_struct, dynamic)) != self.in_structs
         ):
             called = call_static.merge(tuple(map(_struct, dynamic)))
-            differences = tree_diff(self.in_struct, called, compare_values=False)
-            listing = "; ".join(
-                f"at {d.where('(args, kwargs)')}: {d.detail}" for d in differences[:3]
+            listing = differences_text(
+                self.in_struct, called, "(args, kwargs)", compare_values=False
             )
             raise ValueError(
                 "filter_closure_convert: called with arguments that differ from the "

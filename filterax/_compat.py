@@ -6,7 +6,9 @@ changes one fails loudly there instead of somewhere deep in a transform.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax.extend.core as _jax_core
@@ -15,6 +17,17 @@ from jax._src import tree_util as _jax_tree_util
 # The start of the warning JAX emits when a donated buffer cannot be reused for
 # an output. Its text is not an API; the filters that silence it match on it.
 DONATION_WARNING = "Some donated buffers were not usable"
+
+
+@contextlib.contextmanager
+def donation_warning_ignored(ignore: bool = True) -> Iterator[None]:
+    """Ignores JAX's unusable-donation warning inside the block (when `ignore`)."""
+    if not ignore:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=DONATION_WARNING)
+        yield
 
 
 def register_dataclass_node(

@@ -9,7 +9,8 @@ written into that message, and `runtime_error_from` (for `filter_jit`, and for
 checks run eagerly) swaps the XLA error for a `FilteraxRuntimeError` carrying
 the report.
 
-Imports only `jax`, NumPy and `._filters`: the package root imports this module.
+Imports only `jax`, NumPy, `._filters` and `._split`: the package root imports
+this module.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from jax import lax
 from jax.core import Tracer
 from jax.custom_batching import custom_vmap
 
-from ._filters import combine, is_array, partition
+from ._filters import is_array
+from ._split import split
 
 __all__ = [
     "EquinoxRuntimeError",
@@ -335,15 +337,6 @@ _DEBUGGER_NOTE_UNDER_VMAP = (
     "(their values are batched); `c` continues, with NaN in place of the checked "
     "values."
 )
-
-
-def _fill_host(mask: np.ndarray, array: np.ndarray) -> np.ndarray:
-    """Host side of `_fill_where`: `mask` has the leading (batch) dimensions."""
-    fill = _fill_value(array.dtype)
-    if fill is None:
-        return array
-    mask = mask.reshape(mask.shape + (1,) * (array.ndim - mask.ndim))
-    return np.where(mask, np.asarray(fill, array.dtype), array)
 
 
 def _host_failure(
@@ -729,8 +722,7 @@ def branched_error_if(
         return x
     if failed and not isinstance(index, Tracer):
         return _trace_time_failure(x, _message(int(np.asarray(index)), msgs), mode)
-    dynamic, static = partition(x, is_array)
-    leaves, treedef = jax.tree.flatten(dynamic)
+    leaves, static = split(x, is_array)
     if not leaves:
         raise ValueError(
             "error_if: `x` holds no array, so there is nothing to attach a runtime "
@@ -747,4 +739,4 @@ def branched_error_if(
         if translated is None:
             raise
         raise translated from None
-    return combine(jax.tree.unflatten(treedef, leaves), static)
+    return static.merge(leaves)

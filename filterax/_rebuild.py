@@ -24,8 +24,9 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-__all__ = ["make_builder"]
+__all__ = ["flatten", "make_builder"]
 
+# `jax.tree_util.tree_flatten` is a Python function calling this C++ method.
 flatten = jtu.default_registry.flatten
 
 # A structure this large is rebuilt by JAX: the source would take longer to

@@ -29,14 +29,13 @@ from jax import ShapeDtypeStruct
 from jax.core import Tracer
 
 from ._filters import is_array, is_ref
-from ._rebuild import make_builder
+from ._rebuild import flatten, make_builder
 
 __all__ = [
     "ARRAY",
     "InputRef",
     "PyTreeDef",
     "mark_input_refs",
-    "restore_input_refs",
     "STATIC_MASK",
     "all_dynamic",
     "clear_leaf_kinds",
@@ -58,9 +57,6 @@ if TYPE_CHECKING:
     PyTreeDef = Any
 else:
     PyTreeDef = jtu.PyTreeDef
-
-# `jax.tree_util.tree_flatten` is a Python function calling this C++ method.
-flatten = jtu.default_registry.flatten
 
 
 def is_dynamic_leaf(leaf: Any) -> bool:
@@ -149,7 +145,15 @@ class StaticPart:
     does for static arguments). The hash is computed once, on first use.
     """
 
-    __slots__ = ("_build", "_hash", "_merges", "mask", "static", "treedef")
+    __slots__ = (
+        "_build",
+        "_hash",
+        "_input_refs",
+        "_merges",
+        "mask",
+        "static",
+        "treedef",
+    )
 
     def __init__(self, treedef: PyTreeDef, mask: bytes, static: tuple[Any, ...]):
         self.treedef = treedef
@@ -158,6 +162,7 @@ class StaticPart:
         self._hash: int | None = None
         self._build: Callable[[Sequence[Any]], Any] | None = None
         self._merges = 0
+        self._input_refs: tuple[int, ...] | None = None
 
     def merge(self, dynamic: Iterable[Any]) -> Any:
         """The tree, with `dynamic` in place of its dynamic leaves."""
@@ -172,6 +177,27 @@ class StaticPart:
             build = self._build = build if build is not None else self._unflatten
         leaves = cast(list, dynamic) if dynamic.__class__ is list else list(dynamic)
         return build(leaves)
+
+    def merge_restoring_refs(
+        self, dynamic: Iterable[Any], inputs: Callable[[], Sequence[Any]]
+    ) -> Any:
+        """`merge`, with each `InputRef` marker among the static leaves replaced
+        by the input Ref it stands for (`inputs()` gives the flattened traced
+        inputs of the call). Where the markers sit is found once."""
+        slots = self._input_refs
+        if slots is None:
+            slots = self._input_refs = tuple(
+                index
+                for index, leaf in enumerate(self.static)
+                if type(leaf) is InputRef
+            )
+        if not slots:
+            return self.merge(dynamic)
+        given = inputs()
+        static = list(self.static)
+        for index in slots:
+            static[index] = given[static[index].position]
+        return self.treedef.unflatten(interleave(self.mask, dynamic, static))
 
     def _unflatten(self, dynamic: Iterable[Any]) -> Any:
         if not self.static:
@@ -275,24 +301,6 @@ def mark_input_refs(leaves: list[Any], inputs: Sequence[Any], who: str) -> list[
             )
         marked[index] = InputRef(position)
     return marked
-
-
-def restore_input_refs(
-    static: StaticPart, inputs: Callable[[], Sequence[Any]]
-) -> StaticPart:
-    """`static` with its `InputRef` markers replaced by the Refs they stand for
-    (`inputs()` gives the flattened traced inputs of the call)."""
-    if not any(type(leaf) is InputRef for leaf in static.static):
-        return static
-    given = inputs()
-    return StaticPart(
-        static.treedef,
-        static.mask,
-        tuple(
-            given[leaf.position] if type(leaf) is InputRef else leaf
-            for leaf in static.static
-        ),
-    )
 
 
 # --- One value -------------------------------------------------------------------

@@ -24,7 +24,9 @@ __all__ = [
     "array_text",
     "dtype_text",
     "TreeDifference",
+    "argument_path",
     "describe_value",
+    "differences_text",
     "one_level",
     "path_text",
     "prefix_difference",
@@ -49,6 +51,15 @@ def path_text(root: str, path: Sequence[Any]) -> str:
     """
     text = root + jtu.keystr(tuple(path))
     return text or "the root"
+
+
+def argument_path(path: Sequence[Any]) -> str:
+    """`args[1]['opts']` or `kwargs['state']` for a key path into the pair
+    `(args, kwargs)` of a call; `the arguments` for the empty path."""
+    if not path:
+        return "the arguments"
+    head = "args" if path[0] == jtu.SequenceKey(0) else "kwargs"
+    return head + jtu.keystr(tuple(path[1:]))
 
 
 def describe_value(value: Any, limit: int = 60) -> str:
@@ -416,6 +427,18 @@ def tree_diff(
     """
     leaves = "value" if compare_values else "signature"
     return _differences(a, b, leaves, None, is_leaf, max_differences)
+
+
+def differences_text(
+    expected: Any, got: Any, root: str, *, compare_values: bool = True
+) -> str:
+    """Where `got` parts from `expected`, for an error message: `at ROOT...:
+    detail` for each of the first three differences, joined by `; `; empty when
+    `tree_diff` finds none."""
+    differences = tree_diff(
+        expected, got, compare_values=compare_values, max_differences=3
+    )
+    return "; ".join(f"at {d.where(root)}: {d.detail}" for d in differences)
 
 
 def structure_difference(

@@ -12,6 +12,7 @@ import numpy as np
 from jax.core import Tracer
 
 from ._filters import is_array, is_key_array
+from ._structure import path_text
 from ._typing import PyTree
 
 __all__ = ["tree_at", "tree_equal"]
@@ -25,10 +26,6 @@ class _Missing:
 
 
 _MISSING: Any = _Missing()
-
-
-def _where_text(path: jtu.KeyPath) -> str:
-    return jtu.keystr(path) if path else "the root"
 
 
 class _Position:
@@ -62,7 +59,7 @@ class _LeafMarker:
         self.position = position
 
     def __repr__(self) -> str:
-        return f"<leaf at {_where_text(self.position.path)}>"
+        return f"<leaf at {path_text('', self.position.path)}>"
 
 
 class _MarkedTuple(tuple):
@@ -113,7 +110,7 @@ for _marked in (_MarkedTuple, _MarkedList):
 def _index_error(sequence: Any, index: Any) -> IndexError:
     return IndexError(
         f"index {index!r} is out of range for the {type(sequence).__mro__[1].__name__} "
-        f"at {_where_text(sequence.path)}, which has {len(sequence)} element(s)"
+        f"at {path_text('', sequence.path)}, which has {len(sequence)} element(s)"
     )
 
 
@@ -169,7 +166,7 @@ def _index_tree(
 
 def _describe(obj: Any) -> str:
     if isinstance(obj, _LeafMarker):
-        return f"the leaf at {_where_text(obj.position.path)}"
+        return f"the leaf at {path_text('', obj.position.path)}"
     text = repr(obj)
     if len(text) > 60:
         text = text[:57] + "..."
@@ -238,7 +235,7 @@ def _select(
     for position in positions:
         if id(position) in seen:
             raise ValueError(
-                f"tree_at: `where` selects the node at {_where_text(position.path)} "
+                f"tree_at: `where` selects the node at {path_text('', position.path)} "
                 "more than once."
             )
         seen.add(id(position))
@@ -266,8 +263,8 @@ def _rebuild(
         if nested is not None:
             raise ValueError(
                 "tree_at: `where` selects both the node at "
-                f"{_where_text(position.path)} and the node at "
-                f"{_where_text(nested.path)} inside it; select only one of them."
+                f"{path_text('', position.path)} and the node at "
+                f"{path_text('', nested.path)} inside it; select only one of them."
             )
         return replace(position.original), True
     if position.children is None:
@@ -352,7 +349,7 @@ def tree_at(
     for position in positions:
         if position.original is None and not (is_leaf is not None and is_leaf(None)):
             raise ValueError(
-                f"tree_at: `where` selects the None at {_where_text(position.path)}. "
+                f"tree_at: `where` selects the None at {path_text('', position.path)}. "
                 "To JAX, None is an empty subtree, not a leaf, so which node is "
                 "meant is ambiguous. Pass `is_leaf=lambda x: x is None` to treat "
                 "None as a leaf that can be replaced."

@@ -1,7 +1,11 @@
 """Fails loudly when a JAX internal that `filterax._compat` relies on changes."""
 
+import warnings
+
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
+import pytest
 from jax._src import tree_util as jax_tree_util
 
 from filterax import _compat
@@ -62,3 +66,13 @@ def test_jaxpr_dependency_analysis_follows_chains_and_closed_over_values():
 
     closed = jax.make_jaxpr(f)(jnp.ones(2))
     assert _compat.outputs_depending_on_inputs(closed) == [True, False]
+
+
+def test_jax_still_words_its_unusable_donation_warning_as_we_filter_it():
+    donating = jax.jit(lambda x: x.sum(), donate_argnums=0)
+    with pytest.warns(UserWarning, match=_compat.DONATION_WARNING):
+        donating(jnp.ones(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with _compat.donation_warning_ignored():
+            jax.jit(lambda x: x.sum() + 1, donate_argnums=0)(jnp.ones(3))

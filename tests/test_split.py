@@ -20,7 +20,6 @@ from filterax._split import (
     StaticPart,
     leaf_kinds,
     mark_input_refs,
-    restore_input_refs,
     split,
 )
 
@@ -84,7 +83,8 @@ def test_input_refs_are_marked_and_restored():
     with pytest.raises(ValueError, match="who: the function returns a Ref"):
         mark_input_refs([jax.new_ref(jnp.zeros(()))], [ref], "who")
     _, static = split([marked[0], 2], lambda leaf: False)
-    assert restore_input_refs(static, lambda: [None, ref]).static[0] is ref
+    restored = static.merge_restoring_refs([], lambda: [None, ref])
+    assert restored[0] is ref and restored[1] == 2
 
 
 _LEAVES = st.one_of(

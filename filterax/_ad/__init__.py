@@ -7,7 +7,8 @@ forward mode, VJPs, Jacobians, custom rules and checkpointing.
 - `_perturbation.py`: splitting into what JAX differentiates and what it
   carries, and matching user-given tangents/cotangents (errors name key paths).
 - `_refs.py`: the views of `jax.Ref`s handed to differentiated functions.
-- `_wrapper.py`: the callable pytrees the transforms return.
+- `_wrapper.py`: unpacking `has_aux` outputs; the callable pytrees the
+  transforms return are `_module`'s `FunctionWrapper`s.
 - `_grad.py`, `_jvp.py`, `_vjp.py`, `_jacobian.py`, `_custom.py`,
   `_checkpoint.py`: one transform (family) each.
 
@@ -24,7 +25,6 @@ from ._nondiff import (
     NonDifferentiable,
     freeze,
     is_non_differentiable,
-    partition_differentiable,
     trainable,
     unfreeze,
 )
@@ -46,7 +46,6 @@ __all__ = [
     "filter_vjp",
     "freeze",
     "is_non_differentiable",
-    "partition_differentiable",
     "trainable",
     "unfreeze",
     "zero_cotangent",

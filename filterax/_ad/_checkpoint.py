@@ -10,9 +10,10 @@ from typing import Any
 import jax
 
 from .._filters import is_array
+from .._module import FunctionWrapper
 from .._split import StaticPart, split
-from ._refs import READ_ONLY, call_path, shield_refs, unshield_refs
-from ._wrapper import FunctionWrapper
+from .._structure import argument_path
+from ._refs import READ_ONLY, shield_refs, unshield_refs
 
 __all__ = ["filter_checkpoint"]
 
@@ -24,7 +25,7 @@ class _Checkpointed(FunctionWrapper):
         prevent_cse, policy = self.options
         # Refs are read-only in here: the backward pass runs `fun` again, which
         # would repeat its writes.
-        call = shield_refs((args, kwargs), READ_ONLY, call_path)
+        call = shield_refs((args, kwargs), READ_ONLY, argument_path)
         dynamic, call_static = split(call)
         fun = self.fun
 

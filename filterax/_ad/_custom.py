@@ -15,6 +15,7 @@ from jax.custom_derivatives import SymbolicZero as _JaxSymbolicZero
 
 from .._filters import combine, is_array, is_inexact_array_like, partition
 from .._split import Static
+from .._structure import argument_path
 from ._nondiff import partition_differentiable
 from ._perturbation import (
     LeafInfo,
@@ -184,10 +185,8 @@ class filter_custom_jvp:
                 f"filter_custom_jvp function {getattr(self.fn, '__name__', self.fn)!r}"
                 " was called before its rule was registered with `.def_jvp`."
             )
-        diff, rest = partition_differentiable((args, kwargs), is_inexact_array_like)
-        arrays, objects = partition(rest, is_array)
-        out = self._custom(diff, arrays, Static(objects))
-        return merge_differentiable(*out)
+        parts = split_differentiable((args, kwargs), is_inexact_array_like)
+        return merge_differentiable(*self._custom(*parts))
 
 
 class filter_custom_vjp:
@@ -361,7 +360,7 @@ class filter_custom_vjp:
             if primal.perturbed:
                 raise NonFirstArgumentError(
                     "filter_custom_vjp only differentiates its first argument, but "
-                    f"{_argument_name(path)} of `fn(vjp_arg, *args, **kwargs)` is "
+                    f"{argument_path(path)} of `fn(vjp_arg, *args, **kwargs)` is "
                     "being differentiated. Move it into the first argument (e.g. "
                     "pass a tuple), or mark it with NonDifferentiable."
                 )
@@ -446,10 +445,3 @@ def _falses_outside(mask: Any, tree: Any) -> Any:
         tree,
         is_leaf=lambda x: x is None,
     )
-
-
-def _argument_name(path: jtu.KeyPath) -> str:
-    """`args[0]['w']` or `kwargs['scale']` for a path into `(args, kwargs)`."""
-    which, *rest = path
-    root = "args" if which.idx == 0 else "kwargs"
-    return root + jtu.keystr(tuple(rest))

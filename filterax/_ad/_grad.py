@@ -10,12 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._filters import combine, is_array, partition
-from .._split import Static
+from .._filters import combine, is_array
+from .._module import FunctionWrapper
+from .._split import split
 from ._nondiff import partition_differentiable
 from ._perturbation import describe_leaf
 from ._refs import STOP_GRADIENT, shield_refs, unshield_refs
-from ._wrapper import FunctionWrapper, first_argument, unpack_aux
+from ._wrapper import first_argument, unpack_aux
 
 __all__ = ["filter_grad", "filter_value_and_grad"]
 
@@ -55,15 +56,14 @@ def value_and_grad(
         if not has_aux:
             return _check_scalar_output(result, name)
         value, aux = unpack_aux(result, name)
-        aux_arrays, aux_objects = partition(unshield_refs(aux), is_array)
-        return _check_scalar_output(value, name), (aux_arrays, Static(aux_objects))
+        return _check_scalar_output(value, name), split(unshield_refs(aux), is_array)
 
     if not has_aux:
         return jax.value_and_grad(differentiable_part)(diff)
-    (value, (aux_arrays, aux_objects)), grad = jax.value_and_grad(
+    (value, (aux_arrays, aux_static)), grad = jax.value_and_grad(
         differentiable_part, has_aux=True
     )(diff)
-    return (value, combine(aux_arrays, aux_objects.value)), grad
+    return (value, aux_static.merge(aux_arrays)), grad
 
 
 class _ValueAndGrad(FunctionWrapper):

@@ -8,12 +8,13 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from .._filters import combine, is_array, partition
-from .._split import Static
+from .._filters import combine, is_array
+from .._module import FunctionWrapper
+from .._split import split
 from ._nondiff import partition_differentiable
 from ._perturbation import split_differentiable
 from ._refs import STOP_GRADIENT, shield_refs
-from ._wrapper import FunctionWrapper, first_argument, unpack_aux
+from ._wrapper import first_argument, unpack_aux
 
 __all__ = ["filter_hessian", "filter_jacfwd", "filter_jacrev"]
 
@@ -33,25 +34,25 @@ class _Jacobian(FunctionWrapper):
         def differentiable_part(diff_x: Any, traced: bool = True) -> Any:
             result = self.fun(combine(diff_x, rest), *other_args, **kwargs)
             out, aux = unpack_aux(result, name) if has_aux else (result, None)
-            aux_arrays, aux_objects = partition(aux, is_array)
+            aux_parts = split(aux, is_array)
             out_diff, _, _ = split_differentiable(out)
             if traced and not jtu.tree_leaves(out_diff):
                 raise _NoOutputs
-            return out_diff, (aux_arrays, Static(aux_objects))
+            return out_diff, aux_parts
 
         jacobian = jax.jacrev if reverse else jax.jacfwd
         try:
             if not jtu.tree_leaves(diff):
                 raise _NoOutputs
-            jac, (aux_arrays, aux_objects) = jacobian(
-                differentiable_part, has_aux=True
-            )(diff)
+            jac, (aux_arrays, aux_static) = jacobian(differentiable_part, has_aux=True)(
+                diff
+            )
         except _NoOutputs:
             # JAX cannot build a Jacobian with no inputs or no outputs; every
             # block is empty, so the answer is all `None`s.
-            out_diff, (aux_arrays, aux_objects) = differentiable_part(diff, False)
+            out_diff, (aux_arrays, aux_static) = differentiable_part(diff, False)
             jac = jtu.tree_map(lambda _: diff, out_diff)
-        aux = combine(aux_arrays, aux_objects.value)
+        aux = aux_static.merge(aux_arrays)
         return (jac, aux) if has_aux else jac
 
 

@@ -7,10 +7,11 @@ from typing import Any, Literal, overload
 
 import jax
 import jax.tree_util as jtu
+from jax.core import eval_jaxpr
 
 from .._compat import outputs_depending_on_inputs
-from .._filters import combine, is_array, is_inexact_array_like, partition
-from .._split import Static
+from .._filters import combine, is_array, is_inexact_array_like
+from .._split import split
 from ._nondiff import partition_differentiable
 from ._perturbation import (
     match_perturbation,
@@ -116,19 +117,19 @@ def filter_jvp(
         out_diff, out_arrays, out_objects = split_differentiable(
             unshield_refs(out), is_inexact_array_like
         )
-        aux_arrays, aux_objects = partition(unshield_refs(aux), is_array)
-        return out_diff, (out_arrays, out_objects, aux_arrays, Static(aux_objects))
+        aux_arrays, aux_static = split(unshield_refs(aux), is_array)
+        return out_diff, (out_arrays, out_objects, aux_arrays, aux_static)
 
     live_primals = tuple(diff_leaves[index] for index in live_indices)
     live_tangents = tuple(value for _, value in live)
-    out_diff, linear, (out_arrays, out_objects, aux_arrays, aux_objects) = (
-        jax.linearize(perturbed_part, live_primals, has_aux=True)
+    out_diff, linear, (out_arrays, out_objects, aux_arrays, aux_static) = jax.linearize(
+        perturbed_part, live_primals, has_aux=True
     )
     # `out_diff` holds `None` wherever the output is not differentiable.
     t_out = _tangents_or_none(linear, live_tangents, out_diff)
     out = merge_differentiable(out_diff, out_arrays, out_objects)
     if has_aux:
-        return out, t_out, combine(aux_arrays, aux_objects.value)
+        return out, t_out, aux_static.merge(aux_arrays)
     return out, t_out
 
 
@@ -140,10 +141,11 @@ def _tangents_or_none(linear: Callable, live_tangents: tuple, out_diff: Any) -> 
         return out_diff
     if not live_tangents:
         return jtu.tree_unflatten(treedef, [None] * len(leaves))
-    dependent = outputs_depending_on_inputs(
-        jax.make_jaxpr(lambda t: jtu.tree_leaves(linear(t)))(live_tangents)
-    )
-    tangents = jtu.tree_leaves(linear(live_tangents))
+    # Traced once: the jaxpr both says which outputs depend on the tangents
+    # and computes them.
+    closed = jax.make_jaxpr(lambda t: jtu.tree_leaves(linear(t)))(live_tangents)
+    dependent = outputs_depending_on_inputs(closed)
+    tangents = eval_jaxpr(closed.jaxpr, closed.consts, *jtu.tree_leaves(live_tangents))
     return jtu.tree_unflatten(
         treedef, [t if d else None for t, d in zip(tangents, dependent)]
     )

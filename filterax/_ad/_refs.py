@@ -24,7 +24,7 @@ import jax.tree_util as jtu
 
 from .._filters import is_ref, register_ref_like
 
-__all__ = ["RefView", "call_path", "shield_refs", "unshield_refs"]
+__all__ = ["RefView", "shield_refs", "unshield_refs"]
 
 STOP_GRADIENT, READ_ONLY = "stop_gradient", "read_only"
 
@@ -125,14 +125,6 @@ def shield_refs(
         return RefView(leaf, mode, where)
 
     return jtu.tree_map_with_path(shield, tree, is_leaf=_is_view)
-
-
-def call_path(path: tuple) -> str:
-    """`args[1]['count']` or `kwargs['state']` for a path into `(args, kwargs)`."""
-    if not path:
-        return "the arguments"
-    head = "args" if path[0] == jtu.SequenceKey(0) else "kwargs"
-    return head + jtu.keystr(tuple(path[1:]))
 
 
 def _is_view(node: Any) -> bool:

@@ -4,14 +4,14 @@ the given cotangent needs."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, overload
 
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from .._filters import combine, is_array, partition
-from .._split import PyTreeDef, Static
+from .._filters import combine, is_array
+from .._split import PyTreeDef, split
 from ._nondiff import partition_differentiable
 from ._perturbation import (
     match_perturbation,
@@ -143,6 +143,14 @@ jtu.register_pytree_with_keys(
 )
 
 
+@overload
+def filter_vjp(
+    fun: Callable, *primals: Any, has_aux: Literal[False] = False
+) -> tuple[Any, VJPFunction]: ...
+@overload
+def filter_vjp(
+    fun: Callable, *primals: Any, has_aux: Literal[True]
+) -> tuple[Any, VJPFunction, Any]: ...
 def filter_vjp(fun: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
     """Reverse-mode derivative (vector-Jacobian product) of `fun` at `primals`.
 
@@ -198,10 +206,10 @@ def filter_vjp(fun: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any
         result = fun(*combine(diff_primals, rest))
         out, aux = unpack_aux(result, "filter_vjp") if has_aux else (result, None)
         out_diff, out_arrays, out_objects = split_differentiable(unshield_refs(out))
-        aux_arrays, aux_objects = partition(unshield_refs(aux), is_array)
-        return out_diff, (out_arrays, out_objects, aux_arrays, Static(aux_objects))
+        aux_arrays, aux_static = split(unshield_refs(aux), is_array)
+        return out_diff, (out_arrays, out_objects, aux_arrays, aux_static)
 
-    out_diff, linear_fn, (out_arrays, out_objects, aux_arrays, aux_objects) = (
+    out_diff, linear_fn, (out_arrays, out_objects, aux_arrays, aux_static) = (
         jax.linearize(differentiable_part, diff, has_aux=True)
     )
     out = merge_differentiable(out_diff, out_arrays, out_objects)
@@ -215,7 +223,7 @@ def filter_vjp(fun: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any
         linear_fn, _VJPStatic(out_def, tuple(out_infos), diff_def, avals)
     )
     if has_aux:
-        return out, vjp_fn, combine(aux_arrays, aux_objects.value)
+        return out, vjp_fn, aux_static.merge(aux_arrays)
     return out, vjp_fn
 
 

@@ -18,13 +18,16 @@ they close over become inputs of the custom VJP, so gradients reach them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from itertools import compress
+from operator import not_
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from .._filters import is_inexact_array
+from .._split import interleave
 from ._jaxpr import TracedBody
 from ._schedule import Checkpoints, advance_for, empty_checkpoints, store
 
@@ -48,8 +51,8 @@ def checkpointed_while(
     """The final carry of `while cond(c): c = body(c)` from `carry` (flat
     arrays), reverse-mode differentiable with `checkpoints` stored carries."""
     carry = list(carry)
-    diff_carry = [is_inexact_array(c) for c in carry]
-    diff_hoisted = [is_inexact_array(h) for h in body.hoisted]
+    diff_carry = bytes(map(is_inexact_array, carry))
+    diff_hoisted = bytes(map(is_inexact_array, body.hoisted))
 
     def keep_going(cond_h: list, cond_r: list, c: list, i: jax.Array) -> Any:
         (go,) = cond.call(cond_h, cond_r, *c)
@@ -98,8 +101,8 @@ def checkpointed_while(
         refs: list,
         cond_r: list,
     ) -> list:
-        step = body_step(_join(diff_hoisted, hoisted_d, hoisted_n), refs)
-        return run(step, cond_h, cond_r, _join(diff_carry, carry_d, carry_n))
+        step = body_step(interleave(diff_hoisted, hoisted_d, hoisted_n), refs)
+        return run(step, cond_h, cond_r, interleave(diff_carry, carry_d, carry_n))
 
     def loop_fwd(
         hoisted_d: list,
@@ -112,12 +115,12 @@ def checkpointed_while(
     ) -> tuple:
         if body.writes_refs:
             raise TypeError(_REF_WRITES_MESSAGE)
-        hoisted = _join(diff_hoisted, hoisted_d, hoisted_n)
+        hoisted = interleave(diff_hoisted, hoisted_d, hoisted_n)
         final, steps, book, buffer = run_storing(
             body_step(hoisted, refs),
             cond_h,
             cond_r,
-            _join(diff_carry, carry_d, carry_n),
+            interleave(diff_carry, carry_d, carry_n),
         )
         return final, (hoisted, refs, steps, book, buffer)
 
@@ -152,14 +155,9 @@ def checkpointed_while(
 Step = Callable[[list], list]
 
 
-def _join(mask: Sequence[bool], yes: Sequence[Any], no: Sequence[Any]) -> list:
-    """Interleaves `yes` (where `mask` holds) and `no` back into one list."""
-    yes_iter, no_iter = iter(yes), iter(no)
-    return [next(yes_iter) if m else next(no_iter) for m in mask]
-
-
-def _pick(mask: Sequence[bool], values: Sequence[Any], want: bool = True) -> list:
-    return [v for m, v in zip(mask, values) if m == want]
+def _pick(mask: bytes, values: Iterable[Any], want: bool = True) -> list:
+    """The `values` where `mask` is non-zero (zero, with `want=False`)."""
+    return list(compress(values, mask if want else map(not_, mask)))
 
 
 class _StepPullback:
@@ -171,8 +169,8 @@ class _StepPullback:
         body: TracedBody,
         hoisted: list,
         refs: list,
-        diff_hoisted: Sequence[bool],
-        diff_carry: Sequence[bool],
+        diff_hoisted: bytes,
+        diff_carry: bytes,
     ):
         self.body, self.hoisted, self.refs = body, hoisted, refs
         self.diff_hoisted, self.diff_carry = diff_hoisted, diff_carry
@@ -188,9 +186,9 @@ class _StepPullback:
         carry_n = _pick(self.diff_carry, c, False)
 
         def differentiable_step(h_d: list, c_d: list) -> list:
-            hoisted = _join(self.diff_hoisted, h_d, self.hoisted_n)
+            hoisted = interleave(self.diff_hoisted, h_d, self.hoisted_n)
             out = self.body.call(
-                hoisted, self.refs, *_join(self.diff_carry, c_d, carry_n)
+                hoisted, self.refs, *interleave(self.diff_carry, c_d, carry_n)
             )
             return _pick(self.diff_carry, out)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-from ._parts import first_difference, split_parts
+from ._parts import first_difference, same_avals, split_parts
 
 __all__ = ["filter_cond", "filter_switch"]
 
@@ -22,9 +22,9 @@ class _Output:
         self.arrays, self.parts = split_parts(tree)
 
     def matches(self, other: _Output) -> bool:
-        return self.parts.same_layout(other.parts) and [
-            (x.shape, x.dtype) for x in self.arrays
-        ] == [(y.shape, y.dtype) for y in other.arrays]
+        return self.parts.same_layout(other.parts) and same_avals(
+            self.arrays, other.arrays
+        )
 
 
 def _branches(

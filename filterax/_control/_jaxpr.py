@@ -20,6 +20,7 @@ import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun, jaxprs_in_params
 
 from .._filters import is_ref
+from .._split import interleave
 
 __all__ = ["TracedBody", "trace_body", "writes_refs"]
 
@@ -41,15 +42,14 @@ class TracedBody:
 
     def __init__(self, closed: ClosedJaxpr):
         self.closed = closed
-        self.ref_mask = tuple(map(is_ref, closed.consts))
+        self.ref_mask = bytes(map(is_ref, closed.consts))
         self.refs = [c for c in closed.consts if is_ref(c)]
         self.hoisted = [c for c in closed.consts if not is_ref(c)]
 
     def call(
         self, hoisted: Sequence[Any], refs: Sequence[Any], *args: Any
     ) -> list[Any]:
-        hoisted_iter, ref_iter = iter(hoisted), iter(refs)
-        consts = [next(ref_iter) if r else next(hoisted_iter) for r in self.ref_mask]
+        consts = interleave(self.ref_mask, refs, hoisted)
         return list(jaxpr_as_fun(ClosedJaxpr(self.closed.jaxpr, consts))(*args))
 
     @property

@@ -13,7 +13,14 @@ from .._structure import describe_value
 from ._checkpointed import checkpointed_while
 from ._guard import forward_mode_only
 from ._jaxpr import TracedBody, trace_body
-from ._parts import Parts, array_avals, check_unchanged, split_parts, strong_type
+from ._parts import (
+    Parts,
+    array_avals,
+    check_count,
+    check_unchanged,
+    split_parts,
+    strong_type,
+)
 
 __all__ = ["filter_fori_loop", "filter_while_loop"]
 
@@ -153,8 +160,8 @@ def filter_while_loop(
             f'{where}: `checkpoints` is for kind="checkpointed" only; got '
             f"kind={kind!r}."
         )
-    max_steps = _check_count(where, "max_steps", max_steps, minimum=0)
-    checkpoints = _check_count(where, "checkpoints", checkpoints, minimum=1)
+    max_steps = check_count(where, "max_steps", max_steps, minimum=0)
+    checkpoints = check_count(where, "checkpoints", checkpoints, minimum=1)
 
     carry = _Carry(where, init_val)
     flat_cond = _condition(where, carry.parts, cond_fun)
@@ -181,16 +188,6 @@ def filter_while_loop(
                 16 if checkpoints is None else checkpoints,
             )
     return carry.merge(final)
-
-
-def _check_count(where: str, name: str, value: Any, minimum: int) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{where}: `{name}` must be an int or None; got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"{where}: `{name}` must be at least {minimum}; got {value}.")
-    return value
 
 
 def _lax_while(

@@ -5,25 +5,30 @@ JAX traces, the Refs it shares, and the static leaves it keeps in Python.
 `check_unchanged` is the carry rule of every loop: same structure, same static
 leaves, same array shapes and dtypes, the very same Refs. `first_difference`
 finds where two trees part, for the error messages of loops and branches.
+`check_count` validates the integer options of loops (`max_steps`,
+`checkpoints`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import compress
 from typing import Any
 
 import jax
 import jax.tree_util as jtu
 
 from .._filters import is_ref
-from .._split import StaticPart, split
+from .._split import StaticPart, interleave, split
 from .._structure import TreeDifference, array_text, describe_value, tree_diff
 
 __all__ = [
     "Parts",
     "array_avals",
+    "check_count",
     "check_unchanged",
     "first_difference",
+    "same_avals",
     "split_parts",
     "strong_type",
 ]
@@ -32,11 +37,12 @@ __all__ = [
 class Parts:
     """Everything about a split tree except its arrays: the `StaticPart` (whose
     dynamic leaves are the arrays and the Refs), which of those dynamic leaves
-    are Refs, and the Refs themselves."""
+    are Refs (`ref_mask`, one byte per dynamic leaf, non-zero for a Ref), and the
+    Refs themselves."""
 
     __slots__ = ("ref_mask", "refs", "static")
 
-    def __init__(self, static: StaticPart, ref_mask: tuple[bool, ...], refs: tuple):
+    def __init__(self, static: StaticPart, ref_mask: bytes, refs: tuple):
         self.static = static
         self.ref_mask = ref_mask
         self.refs = refs
@@ -45,9 +51,7 @@ class Parts:
         """The tree, with `arrays` in place of its arrays and its own Refs."""
         if not self.refs:
             return self.static.merge(arrays)
-        array_iter, ref_iter = iter(arrays), iter(self.refs)
-        dynamic = [next(ref_iter) if r else next(array_iter) for r in self.ref_mask]
-        return self.static.merge(dynamic)
+        return self.static.merge(interleave(self.ref_mask, self.refs, arrays))
 
     def same_layout(self, other: Parts) -> bool:
         """Same structure and static leaves, and the very same Refs in the same
@@ -80,15 +84,16 @@ def split_parts(tree: Any) -> tuple[list[Any], Parts]:
     """The arrays of `tree` (key arrays included), and the `Parts` that
     rebuild it from them."""
     dynamic, static = split(tree)
-    ref_mask = tuple(map(is_ref, dynamic))
+    ref_mask = bytes(map(is_ref, dynamic))
     if not any(ref_mask):
         return dynamic, Parts(static, ref_mask, ())
     arrays = [leaf for leaf, r in zip(dynamic, ref_mask) if not r]
-    refs = tuple(leaf for leaf, r in zip(dynamic, ref_mask) if r)
+    refs = tuple(compress(dynamic, ref_mask))
     return arrays, Parts(static, ref_mask, refs)
 
 
-def _same_avals(before: Sequence[Any], after: Sequence[Any]) -> bool:
+def same_avals(before: Sequence[Any], after: Sequence[Any]) -> bool:
+    """Whether two lists of arrays agree in length, shapes and dtypes."""
     # Weak types may differ: `lax` promotes a weakly typed input to the type
     # the body returns.
     return len(before) == len(after) and all(
@@ -144,7 +149,7 @@ def check_unchanged(
     `where` names the function (`filter_scan`) and `what` says which sides are
     compared (`"given vs returned"`).
     """
-    if before_parts.same_layout(after_parts) and _same_avals(
+    if before_parts.same_layout(after_parts) and same_avals(
         before_arrays, after_arrays
     ):
         return
@@ -172,6 +177,19 @@ def _leaf_at(tree: Any, path: tuple) -> Any:
         if tuple(leaf_path) == tuple(path):
             return leaf
     return None
+
+
+def check_count(where: str, name: str, value: Any, minimum: int) -> int | None:
+    """`value` (an int option such as `max_steps`), or `None`; raises a
+    `TypeError` for a non-int (`bool` included) and a `ValueError` below
+    `minimum`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where}: `{name}` must be an int or None; got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"{where}: `{name}` must be at least {minimum}; got {value}.")
+    return value
 
 
 def array_avals(arrays: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:

@@ -13,7 +13,7 @@ from .._filters import is_array
 from .._structure import describe_value, path_text
 from ._guard import forward_mode_only
 from ._jaxpr import trace_body
-from ._parts import Parts, check_unchanged, split_parts, strong_type
+from ._parts import Parts, check_count, check_unchanged, split_parts, strong_type
 
 __all__ = ["filter_scan"]
 
@@ -91,8 +91,7 @@ def filter_scan(
     carry_arrays, carry_parts = split_parts(init)
     x_arrays, x_parts = split_parts(xs)
     length = _scan_length(xs, x_arrays, length)
-    if checkpoints is not None:
-        _check_checkpoints(checkpoints)
+    check_count("filter_scan", "checkpoints", checkpoints, minimum=1)
     y_parts: list[Parts] = []
 
     def step(carry_in: list[Any], x_in: list[Any]) -> tuple[list[Any], list[Any]]:
@@ -122,17 +121,6 @@ def filter_scan(
             step, carry_arrays, x_arrays, length, reverse, unroll, checkpoints
         )
     return carry_parts.merge(final), y_parts[0].merge(ys)
-
-
-def _check_checkpoints(checkpoints: Any) -> None:
-    if isinstance(checkpoints, bool) or not isinstance(checkpoints, int):
-        raise TypeError(
-            f"filter_scan: `checkpoints` must be an int or None; got {checkpoints!r}."
-        )
-    if checkpoints < 1:
-        raise ValueError(
-            f"filter_scan: `checkpoints` must be at least 1; got {checkpoints}."
-        )
 
 
 def _scan_length(xs: Any, x_arrays: Sequence[Any], length: int | None) -> int:

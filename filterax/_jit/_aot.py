@@ -9,23 +9,21 @@ are passed on, and the output is rebuilt as the `filter_jit` function's.
 
 from __future__ import annotations
 
-import warnings
-from itertools import compress
 from typing import Any
 
 import jax
 
-from .._compat import DONATION_WARNING
+from .._compat import donation_warning_ignored
 from .._errors import runtime_error_from
 from .._split import leaf_kinds, shape_signature
-from .._structure import tree_diff
+from .._structure import differences_text
 from ._keyed import MixedKey, flatten_call
 from ._outputs import MixedOutput
 
-__all__ = ["CompiledCall", "Lowered", "plan_call"]
+__all__ = ["CallPlan", "CompiledCall", "Lowered"]
 
 
-class _CallPlan:
+class CallPlan:
     """What a lowered call fixed: the static key, the arrays inside the
     function, and how many argument arrays are kept (not donated)."""
 
@@ -37,34 +35,27 @@ class _CallPlan:
         fun_dynamic: list[Any],
         n_kept: int,
         silence: bool,
-        example: Any,
+        args: tuple,
+        kwargs: dict,
+        dynamic: list[Any],
     ):
         self.key = key
         self.fun_dynamic = fun_dynamic
         self.n_kept = n_kept
         self.silence = silence
-        self.example = example
-        self.signature = _signature(
-            leaf for leaf in jax.tree_util.tree_leaves(example) if _is_struct(leaf)
-        )
+        self.example = shape_signature((args, kwargs))
+        self.signature = _signature(dynamic)
 
     def arguments(self, args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
         """`(kept, donated)` dynamic leaves of a call, checked against the plan."""
         leaves, treedef = flatten_call(args, kwargs)
-        kinds = leaf_kinds(leaves)
         key = self.key
-        dynamic = list(compress(leaves, kinds))
-        if (
-            treedef != key.treedef
-            or kinds != key.kinds
-            or MixedKey(treedef, kinds, leaves) != key
-            or _signature(dynamic) != self.signature
-        ):
+        dynamic = (
+            key.reuse_for(treedef, leaves) if leaf_kinds(leaves) == key.kinds else None
+        )
+        if dynamic is None or _signature(dynamic) != self.signature:
             called = shape_signature((args, kwargs))
-            differences = tree_diff(self.example, called, max_differences=3)
-            listing = "; ".join(
-                f"at {d.where('(args, kwargs)')}: {d.detail}" for d in differences
-            )
+            listing = differences_text(self.example, called, "(args, kwargs)")
             raise ValueError(
                 "filter_jit: a compiled function was called with arguments that "
                 f"differ from the ones it was lowered for ({listing or 'they differ'}"
@@ -76,10 +67,6 @@ class _CallPlan:
     def inputs(self, kept: list[Any], donated: list[Any]) -> list[Any]:
         """The traced inputs in the body's order, for mapping returned Refs."""
         return [*self.fun_dynamic, *kept, *donated]
-
-
-def _is_struct(leaf: Any) -> bool:
-    return isinstance(leaf, jax.ShapeDtypeStruct)
 
 
 def _signature(leaves: Any) -> tuple[tuple[tuple[int, ...], Any], ...]:
@@ -94,7 +81,7 @@ class Lowered:
     `jax.stages.Lowered`.
     """
 
-    def __init__(self, lowered: jax.stages.Lowered, plan: _CallPlan):
+    def __init__(self, lowered: jax.stages.Lowered, plan: CallPlan):
         self._lowered = lowered
         self._plan = plan
 
@@ -109,9 +96,7 @@ class Lowered:
         **Returns:** a callable taking the same arguments as the `filter_jit`
         function.
         """
-        with warnings.catch_warnings():
-            if self._plan.silence:
-                warnings.filterwarnings("ignore", message=DONATION_WARNING)
+        with donation_warning_ignored(self._plan.silence):
             compiled = self._lowered.compile(compiler_options=compiler_options)
         return CompiledCall(compiled, self._plan)
 
@@ -122,15 +107,13 @@ class Lowered:
 class CompiledCall:
     """A compiled `filter_jit` call, called with the original arguments."""
 
-    def __init__(self, compiled: Any, plan: _CallPlan):
+    def __init__(self, compiled: Any, plan: CallPlan):
         self._compiled = compiled
         self._plan = plan
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         kept, donated = self._plan.arguments(args, kwargs)
-        with warnings.catch_warnings():
-            if self._plan.silence:
-                warnings.filterwarnings("ignore", message=DONATION_WARNING)
+        with donation_warning_ignored(self._plan.silence):
             try:
                 out = self._compiled(self._plan.fun_dynamic, kept, donated)
             except Exception as error:
@@ -144,14 +127,3 @@ class CompiledCall:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._compiled, name)
-
-
-def plan_call(  # noqa: PLR0913 - the parts of one lowered call
-    key: MixedKey,
-    fun_dynamic: list[Any],
-    n_kept: int,
-    silence: bool,
-    args: tuple,
-    kwargs: dict,
-) -> _CallPlan:
-    return _CallPlan(key, fun_dynamic, n_kept, silence, shape_signature((args, kwargs)))

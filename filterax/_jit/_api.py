@@ -4,26 +4,30 @@ two routes a call takes."""
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 from itertools import compress
 from typing import Any, TypeVar, overload
 
 import jax.tree_util as jtu
 
+from .._compat import donation_warning_ignored
 from .._errors import runtime_error_from
 from .._split import all_dynamic, flatten, leaf_kinds
-from ._aot import Lowered, plan_call
-from ._compiled import Compiled, compiled_for
+from ._aot import CallPlan, Lowered
+from ._compiled import Compiled, compiled_for, fun_arrays
 from ._direct import PENDING, Fallback, fallback_for
 from ._donate import (
-    DONATION_WARNING,
     Donate,
     DonateMode,
     restore_warnings,
     silencing_depth,
 )
-from ._keyed import MixedKey, flatten_call, raise_if_unhashable
+from ._keyed import (
+    MixedKey,
+    first_argument_leaf_count,
+    flatten_call,
+    raise_if_unhashable,
+)
 from ._outputs import MixedOutput
 
 __all__ = ["JitWrapper", "filter_jit"]
@@ -48,8 +52,11 @@ class JitWrapper:
     ):
         self.fun = fun
         self.mode = mode
-        found, self.fun_dynamic = compiled_for(fun, mode)
-        self.compiled = found if compiled is None else compiled
+        if compiled is None:
+            compiled, self.fun_dynamic = compiled_for(fun, mode)
+        else:  # rebuilt from its pytree leaves: the compiled code is shared
+            self.fun_dynamic = fun_arrays(fun)
+        self.compiled = compiled
         self.__wrapped__ = fun
         for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
             try:
@@ -133,13 +140,13 @@ class JitWrapper:
     def _call_compiled(
         self, args: tuple, key: Any, kinds: bytes | None, dynamic: list
     ) -> Any:
-        kept, donated = self._split_donated(args, kinds, dynamic)
+        kept, donated = self._split_donated(args, key, kinds, dynamic)
         out = self.compiled.keyed(key, self.fun_dynamic, kept, donated)
         if out.__class__ is MixedOutput:
             return out.rebuild(lambda: [*self.fun_dynamic, *dynamic])
         return out
 
-    def _kept_count(self, args: tuple, kinds: bytes | None) -> int:
+    def _kept_count(self, args: tuple, key: Any, kinds: bytes | None) -> int:
         """How many of the call's dynamic leaves are not donated."""
         mode = self.mode
         if not mode.donates:
@@ -147,16 +154,16 @@ class JitWrapper:
         if not (mode.except_first and args):
             return 0
         # The first argument's leaves come first in flattening order.
-        n_first = len(jtu.tree_leaves(args[0]))
+        n_first = first_argument_leaf_count(key)
         if kinds is None:
             return n_first
         return n_first - kinds[:n_first].count(0)
 
     def _split_donated(
-        self, args: tuple, kinds: bytes | None, dynamic: list[Any]
+        self, args: tuple, key: Any, kinds: bytes | None, dynamic: list[Any]
     ) -> tuple[list[Any], list[Any]]:
         """The dynamic leaves `(kept, donated)`."""
-        n_kept = self._kept_count(args, kinds)
+        n_kept = self._kept_count(args, key, kinds)
         if n_kept < 0:
             return dynamic, []
         return dynamic[:n_kept], dynamic[n_kept:]
@@ -196,22 +203,21 @@ class JitWrapper:
                 raise_if_unhashable(args, kwargs)
                 raise
             dynamic = list(compress(leaves, kinds))
-            kept, donated = self._split_donated(args, kinds, dynamic)
-            with warnings.catch_warnings():
-                if self.mode.silences_warning:
-                    warnings.filterwarnings("ignore", message=DONATION_WARNING)
+            kept, donated = self._split_donated(args, key, kinds, dynamic)
+            with donation_warning_ignored(self.mode.silences_warning):
                 lowered = self.compiled.keyed.lower(
                     key, self.fun_dynamic, kept, donated
                 )
         finally:
             restore_warnings(depth)
-        plan = plan_call(
+        plan = CallPlan(
             key,
             self.fun_dynamic,
             len(kept),
             self.mode.silences_warning,
             args,
             kwargs,
+            dynamic,
         )
         return Lowered(lowered, plan)
 

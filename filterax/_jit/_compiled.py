@@ -32,7 +32,7 @@ from ._donate import DonateMode, silence_donation_warnings
 from ._keyed import ArraysKey, MixedKey, unpack_key
 from ._outputs import filter_output
 
-__all__ = ["Compiled", "compiled_for"]
+__all__ = ["Compiled", "compiled_for", "fun_arrays"]
 
 _MAX_KEYS = 256
 _MAX_STATIC_ENTRIES = 256
@@ -166,6 +166,12 @@ def _names(fun: Any) -> tuple[str, str]:
     if not isinstance(qualname, str):
         qualname = name
     return name, qualname
+
+
+def fun_arrays(fun: Any) -> list[Any]:
+    """The arrays inside `fun` that every call passes as traced arguments
+    (none for a plain function, found by identity)."""
+    return [] if isinstance(fun, types.FunctionType) else split(fun)[0]
 
 
 def compiled_for(fun: Any, mode: DonateMode) -> tuple[Compiled, list[Any]]:

@@ -11,7 +11,6 @@ from typing import Literal
 from .._compat import DONATION_WARNING
 
 __all__ = [
-    "DONATION_WARNING",
     "Donate",
     "DonateMode",
     "restore_warnings",

@@ -22,12 +22,12 @@ from .._split import (
     interleave,
     leaf_kinds,
 )
-from .._structure import path_text
+from .._structure import argument_path
 
 __all__ = [
     "ArraysKey",
     "MixedKey",
-    "argument_path",
+    "first_argument_leaf_count",
     "flatten_call",
     "raise_if_unhashable",
     "unpack_key",
@@ -43,11 +43,12 @@ class ArraysKey:
     is an identity check.
     """
 
-    __slots__ = ("_hash", "treedef")
+    __slots__ = ("_hash", "first_count", "treedef")
 
     def __init__(self, treedef: PyTreeDef):
         self.treedef = treedef
         self._hash = hash(treedef)
+        self.first_count: int | None = None
 
     def __hash__(self) -> int:
         return self._hash
@@ -71,9 +72,18 @@ class MixedKey:
     JAX never walks the treedef either.
     """
 
-    __slots__ = ("_hash", "kinds", "static", "static_mask", "treedef", "types")
+    __slots__ = (
+        "_hash",
+        "first_count",
+        "kinds",
+        "static",
+        "static_mask",
+        "treedef",
+        "types",
+    )
 
     def __init__(self, treedef: PyTreeDef, kinds: bytes, leaves: list[Any]):
+        self.first_count: int | None = None
         self.treedef = treedef
         self.kinds = kinds
         self.static_mask = kinds.translate(STATIC_MASK)
@@ -117,6 +127,18 @@ def flatten_call(args: tuple, kwargs: dict) -> tuple[list[Any], PyTreeDef]:
     return flatten(args)
 
 
+def first_argument_leaf_count(key: ArraysKey | MixedKey) -> int:
+    """How many leaves the first positional argument of a call with this key
+    has (read off its treedef once, then remembered on the key)."""
+    count = key.first_count
+    if count is None:
+        arguments = key.treedef.children()
+        if key.treedef.node_data()[0] is list:  # the `[args, kwargs]` form
+            arguments = arguments[0].children()
+        count = key.first_count = arguments[0].num_leaves if arguments else 0
+    return count
+
+
 def unpack_key(key: Any, dynamic: list[Any]) -> tuple[tuple, dict]:
     """Inside the trace: `(args, kwargs)` from a key and the traced leaves."""
     if key.__class__ is ArraysKey:
@@ -126,12 +148,6 @@ def unpack_key(key: Any, dynamic: list[Any]) -> tuple[tuple, dict]:
     if call.__class__ is list:
         return call[0], call[1]
     return call, {}
-
-
-def argument_path(path: jtu.KeyPath) -> str:
-    """`args[1]['opts']` or `kwargs['opts']` for a key path into `(args, kwargs)`."""
-    head = "args" if path[0] == jtu.SequenceKey(0) else "kwargs"
-    return path_text(head, path[1:])
 
 
 def raise_if_unhashable(args: tuple, kwargs: dict) -> None:

@@ -28,7 +28,6 @@ from .._split import (
     flatten,
     leaf_kinds,
     mark_input_refs,
-    restore_input_refs,
 )
 
 __all__ = ["MixedOutput", "filter_output"]
@@ -46,7 +45,7 @@ class MixedOutput:
     def rebuild(self, inputs: Callable[[], Sequence[Any]]) -> Any:
         """The output; `inputs()` gives the flattened traced inputs of the call,
         needed only when the output returns input Refs."""
-        return restore_input_refs(self.static, inputs).merge(self.arrays)
+        return self.static.merge_restoring_refs(self.arrays, inputs)
 
 
 jtu.register_pytree_node(

@@ -5,7 +5,7 @@
   rebuilding mapped outputs; shared by the three.
 - `_vmap.py`, `_pmap.py`, `_shard.py`: one transform each.
 
-May import: `jax`, `_filters`, `_split`, `_structure`, `_module`.
+May import: `jax`, `_compat`, `_filters`, `_split`, `_structure`, `_module`.
 """
 
 from ._axes import if_array

@@ -9,10 +9,12 @@ spec), and each spec applies to every leaf below it.
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
@@ -21,22 +23,21 @@ from .._split import (
     InputRef,
     StaticPart,
     mark_input_refs,
-    restore_input_refs,
     split,
 )
-from .._structure import one_level, path_text, prefix_difference
+from .._structure import argument_path, one_level, path_text, prefix_difference
 
 __all__ = [
     "DEFAULT_AXES",
     "MappedArguments",
     "MappedOutput",
     "batch_size",
-    "call_path",
     "if_array",
     "is_batched_ref_write_error",
     "is_spec",
     "map_arguments",
     "named_in_axes",
+    "raise_for_batched_unmapped_output",
     "specs_for_leaves",
     "split_mapped_output",
     "unmapped_output_error",
@@ -100,12 +101,43 @@ def is_spec(spec: Any) -> bool:
     return callable(spec) and one_level(spec) is None
 
 
-def call_path(path: Sequence[Any]) -> str:
-    """`args[0].weight` or `kwargs['key']` for a path into `(args, kwargs)`."""
-    if not path:
-        return "the arguments"
-    head = "args" if path[0] == jtu.SequenceKey(0) else "kwargs"
-    return path_text(head, path[1:])
+def _covering_specs(
+    prefix: Any,
+    tree: Any,
+    *,
+    name: str,
+    root: str,
+    is_spec: Callable[[Any], bool],
+    describe: Callable[[Sequence[Any]], str] | None,
+) -> tuple[list[Any], list[Any]]:
+    """The leaves of `prefix` (as `is_spec` tells) and the subtrees of `tree`
+    they cover. `ValueError` naming where `prefix` is not a prefix of `tree`."""
+    spec_leaves, spec_def = jtu.tree_flatten(prefix, is_leaf=is_spec)
+    try:
+        subtrees = spec_def.flatten_up_to(tree)
+    except (ValueError, TypeError):
+        difference = prefix_difference(prefix, tree, is_spec)
+        describe_path = describe or (lambda path: path_text(root, path))
+        where = describe_path(difference.path) if difference else root
+        detail = difference.detail if difference else "a different structure"
+        raise ValueError(
+            f"{name} must be a pytree prefix of {root}, but at {where} it has {detail}."
+        ) from None
+    return spec_leaves, subtrees
+
+
+def _spread_specs(
+    spec_leaves: list[Any], subtrees: list[Any], num_leaves: int
+) -> list[Any]:
+    """One spec per leaf of the tree (`num_leaves` of them, in flattening
+    order): each subtree's leaves get the spec covering it."""
+    if all(spec is spec_leaves[0] for spec in spec_leaves):
+        # One spec for everything (the defaults): no need to count leaves.
+        return [spec_leaves[0]] * num_leaves if spec_leaves else []
+    specs: list[Any] = []
+    for spec, subtree in zip(spec_leaves, subtrees):
+        specs += [spec] * len(jtu.tree_leaves(subtree))
+    return specs
 
 
 def specs_for_leaves(
@@ -120,31 +152,22 @@ def specs_for_leaves(
     """`(leaves, specs, treedef)` of `tree`, each leaf with the spec (a leaf of
     `prefix`, as `is_spec` tells) that covers it. `ValueError` naming where
     `prefix` is not a prefix of `tree`."""
-    spec_leaves, spec_def = jtu.tree_flatten(prefix, is_leaf=is_spec)
-    try:
-        subtrees = spec_def.flatten_up_to(tree)
-    except (ValueError, TypeError):
-        difference = prefix_difference(prefix, tree, is_spec)
-        describe_path = describe or (lambda path: path_text(root, path))
-        where = describe_path(difference.path) if difference else root
-        detail = difference.detail if difference else "a different structure"
-        raise ValueError(
-            f"{name} must be a pytree prefix of {root}, but at {where} it has {detail}."
-        ) from None
-    leaves, specs = [], []
-    for spec, subtree in zip(spec_leaves, subtrees):
-        below = jtu.tree_leaves(subtree)
-        leaves += below
-        specs += [spec] * len(below)
-    return leaves, specs, jtu.tree_structure(tree)
+    spec_leaves, subtrees = _covering_specs(
+        prefix, tree, name=name, root=root, is_spec=is_spec, describe=describe
+    )
+    leaves, treedef = jtu.tree_flatten(tree)
+    return leaves, _spread_specs(spec_leaves, subtrees, len(leaves)), treedef
 
 
-def _axis(spec: Any, leaf: Any, name: str, where: str) -> int | None:
+def _axis(
+    spec: Any, leaf: Any, name: str, where: Callable[[Any], str], at: Any
+) -> int | None:
+    """The axis `spec` gives `leaf`; `where(at)` names the leaf in the error."""
     axis = spec(leaf) if callable(spec) else spec
     if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool)):
         raise ValueError(
-            f"{name} at {where}: an axis spec must be an int, None, or a callable "
-            f"returning one of those; got {axis!r}."
+            f"{name} at {where(at)}: an axis spec must be an int, None, or a "
+            f"callable returning one of those; got {axis!r}."
         )
     return axis
 
@@ -177,23 +200,37 @@ def named_in_axes(
     return positional, keyword
 
 
+def _argument_where(call: tuple[tuple, dict], index: int) -> str:
+    """`args[0].weight`-style text for the `index`-th leaf of `(args, kwargs)`:
+    key paths are found only for error messages."""
+    path, _ = jtu.tree_leaves_with_path(call)[index]
+    return argument_path(path)
+
+
 class MappedArguments:
     """The arguments of a mapped call, split: the dynamic leaves (arrays and
-    Refs) with their axes, and the `StaticPart` that rebuilds `(args, kwargs)`."""
+    Refs) with their axes, and the `StaticPart` that rebuilds `(args, kwargs)`.
+    `mapped` holds `(leaf index, array, axis)` for each mapped leaf."""
 
-    __slots__ = ("axes", "dynamic", "mapped", "static")
+    __slots__ = ("axes", "call", "dynamic", "mapped", "static")
 
     def __init__(
         self,
         dynamic: list[Any],
         axes: list[int | None],
         static: StaticPart,
-        mapped: list[tuple[str, Any, int]],
+        mapped: list[tuple[int, Any, int]],
+        call: tuple[tuple, dict],
     ):
         self.dynamic = dynamic
         self.axes = axes
         self.static = static
         self.mapped = mapped
+        self.call = call
+
+    def where(self, index: int) -> str:
+        """The key path of the `index`-th leaf of the call, as text."""
+        return _argument_where(self.call, index)
 
 
 def map_arguments(
@@ -202,30 +239,42 @@ def map_arguments(
     """Resolves `in_axes` against a call. An int axis on a leaf that is not an
     array or Ref is an error naming its key path; an axis out of range too."""
     args_axes, kwargs_axes = named_in_axes(fun, in_axes, args, kwargs)
-    leaves_with_paths = jtu.tree_leaves_with_path((args, kwargs))
-    leaves, specs, _ = specs_for_leaves(
+    call = (args, kwargs)
+    spec_leaves, subtrees = _covering_specs(
         (args_axes, kwargs_axes),
-        (args, kwargs),
+        call,
         name=f"{who}: in_axes",
         root="the arguments",
-        describe=call_path,
+        is_spec=is_spec,
+        describe=argument_path,
     )
-    dynamic, static_part = split((args, kwargs))
+    dynamic, static_part = split(call)
+    # The split's mask tells the dynamic leaves (arrays and Refs) from the rest.
+    mask = static_part.mask
+    specs = _spread_specs(spec_leaves, subtrees, len(mask))
+    name = f"{who}: in_axes"
+    where = functools.partial(_argument_where, call)
+    dynamic_leaves, static_leaves = iter(dynamic), iter(static_part.static)
     axes: list[int | None] = []
-    mapped: list[tuple[str, Any, int]] = []
-    for (path, leaf), spec in zip(leaves_with_paths, specs):
-        axis = _axis(spec, leaf, f"{who}: in_axes", call_path(path))
-        if not (is_array(leaf) or is_ref(leaf)):
+    mapped: list[tuple[int, Any, int]] = []
+    for index, (is_dynamic, spec) in enumerate(zip(mask, specs)):
+        leaf = next(dynamic_leaves) if is_dynamic else next(static_leaves)
+        if type(spec) is if_array:
+            # What `spec(leaf)` returns, without classifying `leaf` again.
+            axis = spec.axis if is_dynamic else None
+        else:
+            axis = _axis(spec, leaf, name, where, index)
+        if not is_dynamic:
             if axis is not None:
                 raise ValueError(
-                    f"{who}: in_axes gives the argument at {call_path(path)} the "
+                    f"{who}: in_axes gives the argument at {where(index)} the "
                     f"axis {axis}, but it is {_describe(leaf)}, not an array: only "
                     "arrays (and Refs) can be mapped over. Give it the axis None, "
                     "or use if_array(0), which maps arrays and broadcasts the rest."
                 )
             continue
-        ndim = len(leaf.shape)
         if axis is not None:
+            ndim = len(leaf.shape)
             if not -ndim <= axis < ndim:
                 hint = ""
                 if ndim == 0 and (is_key_array(leaf) or is_ref(leaf)):
@@ -235,13 +284,13 @@ def map_arguments(
                         "None."
                     )
                 raise ValueError(
-                    f"{who}: in_axes at {call_path(path)}: axis {axis} is out of "
+                    f"{who}: in_axes at {where(index)}: axis {axis} is out of "
                     f"range for an array of shape {tuple(leaf.shape)}.{hint}"
                 )
             axis %= ndim
-            mapped.append((call_path(path), leaf, axis))
+            mapped.append((index, leaf, axis))
         axes.append(axis)
-    return MappedArguments(dynamic, axes, static_part, mapped)
+    return MappedArguments(dynamic, axes, static_part, mapped, call)
 
 
 def _describe(leaf: Any) -> str:
@@ -249,55 +298,55 @@ def _describe(leaf: Any) -> str:
     return f"a {type(leaf).__name__} ({text[:40]}{'...' if len(text) > 40 else ''})"
 
 
-def batch_size(
-    mapped: Sequence[tuple[str, Any, int]], axis_size: int | None, who: str
-) -> int:
-    """The common size of the mapped axes, checked against `axis_size`.
-
-    `mapped` holds `(path, array, axis)` triples.
-    """
-    sizes: dict[int, list[str]] = {}
-    if axis_size is not None:
-        sizes[axis_size] = ["axis_size"]
-    for path, leaf, axis in mapped:
-        sizes.setdefault(leaf.shape[axis], []).append(f"{path} (axis {axis})")
-    if len(sizes) > 1:
-        listing = "; ".join(
-            f"size {size}: {', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''}"
-            for size, paths in sizes.items()
-        )
-        raise ValueError(
-            f"{who}: the mapped axes disagree on the batch size: {listing}."
-        )
+def batch_size(call: MappedArguments, axis_size: int | None, who: str) -> int:
+    """The common size of the mapped axes of `call`, checked against
+    `axis_size`."""
+    sizes = set() if axis_size is None else {axis_size}
+    sizes.update([leaf.shape[axis] for _, leaf, axis in call.mapped])
+    if len(sizes) == 1:
+        return sizes.pop()
     if not sizes:
         raise ValueError(
             f"{who}: nothing to map over: no argument leaf is an array with an "
             "integer in_axes, so the batch size is unknown. Pass axis_size=..."
         )
-    return next(iter(sizes))
+    # They disagree: list who says what, in order of appearance.
+    where: dict[int, list[str]] = {}
+    if axis_size is not None:
+        where[axis_size] = ["axis_size"]
+    for index, leaf, axis in call.mapped:
+        where.setdefault(leaf.shape[axis], []).append(
+            f"{call.where(index)} (axis {axis})"
+        )
+    listing = "; ".join(
+        f"size {size}: {', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''}"
+        for size, paths in where.items()
+    )
+    raise ValueError(f"{who}: the mapped axes disagree on the batch size: {listing}.")
 
 
 # --- Outputs -----------------------------------------------------------------------
 
+# The kind of each output leaf, kept as the mask of the output's `StaticPart`
+# (non-zero for the dynamic leaves, as that mask wants).
 _STATIC_OUT, _MAPPED_OUT, _UNMAPPED_OUT = 0, 1, 2
 
 
 class MappedOutput:
     """How to rebuild a mapped function's output: its `StaticPart` over the
-    non-array leaves, which array leaves are mapped (with the requested axis)
-    or unmapped, and the paths of the unmapped ones (for errors)."""
+    non-array leaves, whose mask also says which array leaves are mapped and
+    which unmapped; the requested axis and key path of each mapped leaf, and
+    the key paths of the unmapped ones (the paths are for errors)."""
 
-    __slots__ = ("axes", "kinds", "static", "unmapped_paths")
+    __slots__ = ("axes", "static", "unmapped_paths")
 
     def __init__(
         self,
         static: StaticPart,
-        kinds: tuple[int, ...],
-        axes: tuple[tuple[int, str], ...],
-        unmapped_paths: tuple[str, ...],
+        axes: tuple[tuple[int, tuple], ...],
+        unmapped_paths: tuple[tuple, ...],
     ):
         self.static = static
-        self.kinds = kinds
         self.axes = axes
         self.unmapped_paths = unmapped_paths
 
@@ -311,20 +360,24 @@ class MappedOutput:
         """Moves each mapped output's batch axis where `out_axes` asked, and
         rebuilds the output pytree."""
         moved = []
-        for leaf, (axis, where) in zip(mapped, self.axes):
-            if not -leaf.ndim <= axis < leaf.ndim:
+        for leaf, (axis, path) in zip(mapped, self.axes):
+            ndim = leaf.ndim
+            if not -ndim <= axis < ndim:
                 raise ValueError(
-                    f"{who}: out_axes at {where} is {axis}, out of range for the "
-                    f"batched output of shape {tuple(leaf.shape)}."
+                    f"{who}: out_axes at {_out_path(path)} is {axis}, out of range "
+                    f"for the batched output of shape {tuple(leaf.shape)}."
                 )
-            moved.append(leaf if axis % leaf.ndim == 0 else jnp.moveaxis(leaf, 0, axis))
-        mapped_iter, unmapped_iter = iter(moved), iter(unmapped)
-        dynamic = [
-            next(mapped_iter) if kind == _MAPPED_OUT else next(unmapped_iter)
-            for kind in self.kinds
-            if kind != _STATIC_OUT
-        ]
-        return restore_input_refs(self.static, inputs).merge(dynamic)
+            moved.append(leaf if axis % ndim == 0 else jnp.moveaxis(leaf, 0, axis))
+        if not unmapped:
+            dynamic = moved
+        else:
+            mapped_iter, unmapped_iter = iter(moved), iter(unmapped)
+            dynamic = [
+                next(mapped_iter) if kind == _MAPPED_OUT else next(unmapped_iter)
+                for kind in self.static.mask
+                if kind != _STATIC_OUT
+            ]
+        return self.static.merge_restoring_refs(dynamic, inputs)
 
 
 jtu.register_pytree_node(MappedOutput, lambda out: ((), out), lambda out, _: out)
@@ -345,59 +398,100 @@ def split_mapped_output(
     non-array leaf given an integer axis is an error naming its key path. Refs
     that were inputs come back as the same Refs.
     """
-    leaves, specs, treedef = specs_for_leaves(
-        out_axes, out, name=f"{who}: out_axes", root="the output", describe=_out_path
+    spec_leaves, subtrees = _covering_specs(
+        out_axes,
+        out,
+        name=f"{who}: out_axes",
+        root="the output",
+        is_spec=is_spec,
+        describe=_out_path,
     )
-    paths = [path for path, _ in jtu.tree_leaves_with_path(out)]
+    leaves_with_paths, treedef = jtu.tree_flatten_with_path(out)
+    paths = [path for path, _ in leaves_with_paths]
+    leaves = [leaf for _, leaf in leaves_with_paths]
+    specs = _spread_specs(spec_leaves, subtrees, len(leaves))
     if any(map(is_ref, leaves)):
         leaves = mark_input_refs(leaves, inputs, who)
-    mapped, unmapped, kinds, axes, unmapped_paths, mask = [], [], [], [], [], []
+    name = f"{who}: out_axes"
+    mapped, unmapped, axes, unmapped_paths = [], [], [], []
+    kinds, static = bytearray(), []
     for path, leaf, spec in zip(paths, leaves, specs):
-        where = path_text("out", path)
         if isinstance(leaf, InputRef):
             kinds.append(_STATIC_OUT)
-            mask.append(0)
+            static.append(leaf)
             continue
-        axis = _axis(spec, leaf, f"{who}: out_axes", where)
-        if not is_array(leaf):
+        array = is_array(leaf)
+        if type(spec) is if_array:
+            # What `spec(leaf)` returns: the Refs were all replaced above.
+            axis = spec.axis if array else None
+        else:
+            axis = _axis(spec, leaf, name, _out_path, path)
+        if not array:
             if axis is None:
                 kinds.append(_STATIC_OUT)
-                mask.append(0)
+                static.append(leaf)
                 continue
             if not is_array_like(leaf):
                 raise ValueError(
-                    f"{who}: out_axes gives the output at {where} the axis {axis}, "
-                    f"but it is {_describe(leaf)}, not an array: only arrays and "
-                    "Python numbers can be stacked. Give it the axis None (it is "
+                    f"{who}: out_axes gives the output at {_out_path(path)} the axis "
+                    f"{axis}, but it is {_describe(leaf)}, not an array: only arrays "
+                    "and Python numbers can be stacked. Give it the axis None (it is "
                     "returned once), or use if_array(0)."
                 )
             leaf = jnp.asarray(leaf)
-        mask.append(1)
         if axis is None:
             kinds.append(_UNMAPPED_OUT)
             unmapped.append(leaf)
-            unmapped_paths.append(where)
+            unmapped_paths.append(path)
         else:
             kinds.append(_MAPPED_OUT)
             mapped.append(leaf)
-            axes.append((axis, where))
-    static = tuple(leaf for leaf, dynamic in zip(leaves, mask) if not dynamic)
+            axes.append((axis, path))
     info = MappedOutput(
-        StaticPart(treedef, bytes(mask), static),
-        tuple(kinds),
+        StaticPart(treedef, bytes(kinds), tuple(static)),
         tuple(axes),
         tuple(unmapped_paths),
     )
     return mapped, unmapped, info
 
 
-def unmapped_output_error(error: Exception, paths: Sequence[str], who: str) -> None:
-    """Re-raises JAX's "output was batched" error naming the outputs at fault."""
+def unmapped_output_error(
+    error: Exception, paths: Sequence[Sequence[Any]], who: str
+) -> None:
+    """Re-raises JAX's "output was batched" error naming the outputs (given by
+    key path) at fault."""
     raise ValueError(
-        f"{who}: out_axes is None for the output(s) at {', '.join(paths)}, but "
-        "at least one of them depends on the mapped inputs. Give them an integer "
-        "axis (or if_array(0))."
+        f"{who}: out_axes is None for the output(s) at "
+        f"{', '.join(map(_out_path, paths))}, but at least one of them depends on "
+        "the mapped inputs. Give them an integer axis (or if_array(0))."
     ) from error
+
+
+def raise_for_batched_unmapped_output(
+    error: ValueError,
+    body: Callable[[list[Any]], tuple[list, list, MappedOutput]],
+    axes: list[int | None],
+    dynamic: list[Any],
+    axis_name: Hashable | None,
+    axis_size: int | None,
+    who: str,
+) -> None:
+    """When `error` is JAX's "but output was batched" (an output given the
+    axis `None` depends on the mapped inputs), re-raises it naming those
+    outputs; otherwise returns.
+
+    `body` is the mapped function (returning `split_mapped_output`'s triple),
+    `axes` and `dynamic` its per-leaf input axes and inputs: it is traced again,
+    shapes only, with every output mapped, to learn the unmapped outputs'
+    paths.
+    """
+    if "but output was batched" not in str(error):
+        return
+    everything_mapped = jax.vmap(
+        body, in_axes=(axes,), axis_name=axis_name, axis_size=axis_size
+    )
+    _, _, info = jax.eval_shape(everything_mapped, dynamic)
+    unmapped_output_error(error, info.unmapped_paths, who)
 
 
 def is_batched_ref_write_error(error: BaseException) -> bool:

@@ -8,7 +8,6 @@ Argument and axis handling are `filter_vmap`'s (see `_axes.py`). Like
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable, Hashable
 from typing import Any, Literal, TypeVar, overload
 
@@ -16,19 +15,18 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from .._compat import DONATION_WARNING
-from .._module import BoundMethod
+from .._compat import donation_warning_ignored
+from .._module import FunctionWrapper
 from .._split import StaticPart, is_dynamic_leaf, shape_signature
-from .._structure import tree_diff
+from .._structure import argument_path, differences_text
 from ._axes import (
     DEFAULT_AXES,
     MappedArguments,
     MappedOutput,
     batch_size,
-    call_path,
     map_arguments,
+    raise_for_batched_unmapped_output,
     split_mapped_output,
-    unmapped_output_error,
 )
 
 __all__ = ["PmapCompiled", "PmapLowered", "PmapWrapper", "filter_pmap"]
@@ -37,9 +35,12 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _WHO = "filter_pmap"
 
 
-class PmapWrapper:
+class PmapWrapper(FunctionWrapper):
     """What `filter_pmap` returns: a pytree whose child is the wrapped function
     and whose static data are the mapping options."""
+
+    _transform_name = _WHO
+    _wrapper_assignments = ("__module__", "__name__", "__qualname__", "__doc__")
 
     def __init__(
         self,
@@ -51,7 +52,9 @@ class PmapWrapper:
         donate: str,
         pmap_kwargs: tuple[tuple[str, Any], ...],
     ):
-        self.fun = fun
+        super().__init__(
+            fun, (in_axes, out_axes, axis_name, axis_size, donate, pmap_kwargs)
+        )
         self.in_axes = in_axes
         self.out_axes = out_axes
         self.axis_name = axis_name
@@ -61,22 +64,10 @@ class PmapWrapper:
         # One `jax.pmap` per tuple of per-leaf input axes (they must be fixed
         # when `jax.pmap` is called); each compiles per static part.
         self._pmapped: dict[tuple[int | None, ...], Any] = {}
-        self.__wrapped__ = fun
-        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
-            try:
-                setattr(self, attribute, getattr(fun, attribute))
-            except AttributeError:
-                pass
 
-    def _options(self) -> tuple:
-        return (
-            self.in_axes,
-            self.out_axes,
-            self.axis_name,
-            self.axis_size,
-            self.donate,
-            self.pmap_kwargs,
-        )
+    @classmethod
+    def _from_options(cls, fun: Callable[..., Any], options: tuple) -> PmapWrapper:
+        return cls(fun, *options)
 
     def _body(
         self, static: StaticPart, dynamic: list[Any]
@@ -108,7 +99,7 @@ class PmapWrapper:
         """The per-leaf input axes, the split call and its dynamic leaves (with
         a dummy mapped array when nothing is mapped: `jax.pmap` needs one)."""
         call = map_arguments(self.fun, self.in_axes, args, kwargs, _WHO)
-        size = batch_size(call.mapped, self.axis_size, _WHO)
+        size = batch_size(call, self.axis_size, _WHO)
         try:
             hash(call.static)
         except TypeError:
@@ -122,20 +113,18 @@ class PmapWrapper:
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         axes, call, dynamic = self._prepare(args, kwargs)
         try:
-            with warnings.catch_warnings():
-                if self.donate == "all":
-                    warnings.filterwarnings("ignore", message=DONATION_WARNING)
+            with donation_warning_ignored(self.donate == "all"):
                 mapped, unmapped, info = self._pmapped_for(axes)(call.static, dynamic)
         except ValueError as error:
-            if "but output was batched" in str(error):
-                everything_mapped = jax.vmap(
-                    functools.partial(self._body, call.static),
-                    in_axes=(list(axes),),
-                    axis_name=self.axis_name,
-                    axis_size=self.axis_size,
-                )
-                _, _, info = jax.eval_shape(everything_mapped, dynamic)
-                unmapped_output_error(error, info.unmapped_paths, _WHO)
+            raise_for_batched_unmapped_output(
+                error,
+                functools.partial(self._body, call.static),
+                list(axes),
+                dynamic,
+                self.axis_name,
+                self.axis_size,
+                _WHO,
+            )
             raise
         return info.rebuild(mapped, unmapped, _WHO, lambda: dynamic)
 
@@ -166,21 +155,6 @@ class PmapWrapper:
             lowered, self, axes, call.static, _shapes(dynamic), (args, kwargs)
         )
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        return BoundMethod(self, instance)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is PmapWrapper
-            and self.fun == other.fun  # type: ignore[attr-defined]
-            and self._options() == other._options()  # type: ignore[attr-defined]
-        )
-
-    def __hash__(self) -> int:
-        return hash((PmapWrapper, self.fun, self._options()))
-
     def __repr__(self) -> str:
         return f"<filter_pmap of {getattr(self, '__qualname__', self.fun)!s}>"
 
@@ -193,7 +167,7 @@ def _raise_unhashable(args: tuple, kwargs: dict) -> None:
             hash(leaf)
         except TypeError as error:
             raise TypeError(
-                f"{_WHO}: the argument at {call_path(path)} is an unhashable "
+                f"{_WHO}: the argument at {argument_path(path)} is an unhashable "
                 f"{type(leaf).__name__} ({error}); non-array leaves are static and "
                 "must be hashable."
             ) from None
@@ -272,13 +246,10 @@ class PmapCompiled:
             or call.static != lowered._static
             or _shapes(dynamic) != lowered._signature
         ):
-            differences = tree_diff(
+            listing = differences_text(
                 shape_signature(lowered._example),
                 shape_signature((args, kwargs)),
-                max_differences=3,
-            )
-            listing = "; ".join(
-                f"at {d.where('(args, kwargs)')}: {d.detail}" for d in differences
+                "(args, kwargs)",
             )
             raise ValueError(
                 f"{_WHO}: a compiled function was called with arguments that differ "
@@ -286,27 +257,12 @@ class PmapCompiled:
                 "Call it with the same structure, non-array values and axes, or "
                 "lower it again."
             )
-        with warnings.catch_warnings():
-            if wrapper.donate == "all":
-                warnings.filterwarnings("ignore", message=DONATION_WARNING)
+        with donation_warning_ignored(wrapper.donate == "all"):
             mapped, unmapped, info = self._compiled(dynamic)
         return info.rebuild(mapped, unmapped, _WHO, lambda: dynamic)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._compiled, name)
-
-
-def _unflatten_pmap(options: tuple, children: Any) -> PmapWrapper:
-    (fun,) = children
-    return PmapWrapper(fun, *options)
-
-
-jtu.register_pytree_with_keys(
-    PmapWrapper,
-    lambda wrapper: (((jtu.GetAttrKey("fun"), wrapper.fun),), wrapper._options()),
-    _unflatten_pmap,
-    flatten_func=lambda wrapper: ((wrapper.fun,), wrapper._options()),
-)
 
 
 @overload

@@ -7,18 +7,17 @@ from collections.abc import Callable, Hashable
 from typing import Any, TypeVar, overload
 
 import jax
-import jax.tree_util as jtu
 
 from .._filters import is_ref
-from .._module import BoundMethod
+from .._module import FunctionWrapper
 from ._axes import (
     DEFAULT_AXES,
     MappedOutput,
     batch_size,
     is_batched_ref_write_error,
     map_arguments,
+    raise_for_batched_unmapped_output,
     split_mapped_output,
-    unmapped_output_error,
 )
 
 __all__ = ["VmapWrapper", "filter_vmap"]
@@ -27,11 +26,16 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _WHO = "filter_vmap"
 
 
-class VmapWrapper:
+class VmapWrapper(FunctionWrapper):
     """What `filter_vmap` returns: a pytree whose child is the wrapped function
     and whose static data are the mapping options (so two wrappers of one
     function with one set of options compare equal once flattened, and
-    `filter_jit` shares their compilation)."""
+    `filter_jit` shares their compilation). As a decorator in a class body,
+    `model.method` is a pytree holding `model`, which is then the first
+    argument (mapped per `in_axes`)."""
+
+    _transform_name = _WHO
+    _wrapper_assignments = ("__module__", "__name__", "__qualname__", "__doc__")
 
     def __init__(
         self,
@@ -42,31 +46,20 @@ class VmapWrapper:
         axis_size: int | None,
         vmap_kwargs: tuple[tuple[str, Any], ...],
     ):
-        self.fun = fun
+        super().__init__(fun, (in_axes, out_axes, axis_name, axis_size, vmap_kwargs))
         self.in_axes = in_axes
         self.out_axes = out_axes
         self.axis_name = axis_name
         self.axis_size = axis_size
         self.vmap_kwargs = vmap_kwargs
-        self.__wrapped__ = fun
-        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
-            try:
-                setattr(self, attribute, getattr(fun, attribute))
-            except AttributeError:
-                pass
 
-    def _options(self) -> tuple:
-        return (
-            self.in_axes,
-            self.out_axes,
-            self.axis_name,
-            self.axis_size,
-            self.vmap_kwargs,
-        )
+    @classmethod
+    def _from_options(cls, fun: Callable[..., Any], options: tuple) -> VmapWrapper:
+        return cls(fun, *options)
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         call = map_arguments(self.fun, self.in_axes, args, kwargs, _WHO)
-        batch_size(call.mapped, self.axis_size, _WHO)
+        batch_size(call, self.axis_size, _WHO)
         fun, out_axes, call_static = self.fun, self.out_axes, call.static
 
         def mapped_fun(dynamic: list[Any]) -> tuple[list, list, MappedOutput]:
@@ -86,40 +79,21 @@ class VmapWrapper:
         try:
             mapped_out, unmapped_out, info = vmapped(call.dynamic)
         except ValueError as error:
-            if "but output was batched" in str(error):
-                # Trace again, shapes only, with every output mapped, to name
-                # the outputs that were declared unmapped.
-                everything_mapped = jax.vmap(
-                    mapped_fun,
-                    in_axes=(call.axes,),
-                    axis_name=self.axis_name,
-                    axis_size=self.axis_size,
-                )
-                _, _, info = jax.eval_shape(everything_mapped, call.dynamic)
-                unmapped_output_error(error, info.unmapped_paths, _WHO)
+            raise_for_batched_unmapped_output(
+                error,
+                mapped_fun,
+                call.axes,
+                call.dynamic,
+                self.axis_name,
+                self.axis_size,
+                _WHO,
+            )
             raise
         except Exception as error:
             if is_batched_ref_write_error(error):
                 _ref_write_error(error, call.dynamic, call.axes)
             raise
         return info.rebuild(mapped_out, unmapped_out, _WHO, lambda: call.dynamic)
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        # As a decorator in a class body: `model.method` is a pytree holding
-        # `model`, which is then the first argument (mapped per `in_axes`).
-        if instance is None:
-            return self
-        return BoundMethod(self, instance)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is VmapWrapper
-            and self.fun == other.fun  # type: ignore[attr-defined]
-            and self._options() == other._options()  # type: ignore[attr-defined]
-        )
-
-    def __hash__(self) -> int:
-        return hash((VmapWrapper, self.fun, self._options()))
 
     def __repr__(self) -> str:
         return f"<filter_vmap of {getattr(self, '__qualname__', self.fun)!s}>"
@@ -137,19 +111,6 @@ def _ref_write_error(error: Exception, dynamic: list[Any], axes: list[Any]) -> N
         "be read inside filter_vmap, but not written. Pass the Ref as an argument "
         "with an integer axis (if_array(0) does so), or write it outside the map."
     ) from error
-
-
-def _unflatten_vmap(options: tuple, children: Any) -> VmapWrapper:
-    (fun,) = children
-    return VmapWrapper(fun, *options)
-
-
-jtu.register_pytree_with_keys(
-    VmapWrapper,
-    lambda wrapper: (((jtu.GetAttrKey("fun"), wrapper.fun),), wrapper._options()),
-    _unflatten_vmap,
-    flatten_func=lambda wrapper: ((wrapper.fun,), wrapper._options()),
-)
 
 
 @overload

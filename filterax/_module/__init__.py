@@ -7,7 +7,8 @@
   unflatten.
 - `_field.py`: `field`, `static_field`. `_abstract.py`: `AbstractVar`,
   `AbstractClassVar`. `_partial.py`: `Partial`. `_wrappers.py`:
-  `module_update_wrapper`.
+  `module_update_wrapper`, and `FunctionWrapper`, the base of the callable
+  pytrees that the transforms (`_ad`, `_mapping`) return.
 
 May import: `jax`, `_compat` (the only home of JAX internals), `_filters`,
 `_structure`, `_pretty` and `_tree` (printing and equality sit below Modules and
@@ -18,12 +19,13 @@ from ._abstract import AbstractClassVar, AbstractVar
 from ._field import StaticArrayWarning, field, static_field
 from ._module import BoundMethod, Module
 from ._partial import Partial
-from ._wrappers import module_update_wrapper
+from ._wrappers import FunctionWrapper, module_update_wrapper
 
 __all__ = [
     "AbstractClassVar",
     "AbstractVar",
     "BoundMethod",
+    "FunctionWrapper",
     "Module",
     "Partial",
     "StaticArrayWarning",

@@ -96,7 +96,6 @@ class ClassPlan:
         "abstract_error",
         "check_inits",
         "converters",
-        "custom_init",
         "data_fields",
         "defaults",
         "field_count",
@@ -105,18 +104,14 @@ class ClassPlan:
         "meta_fields",
         "plain",
         "registered",
-        "static_names",
-        "unflatten_keys",
         "uses_marker",
     )
 
     def __init__(self, cls: type, custom_init: bool, abstract_error: str | None):
         fields = effective_fields(cls)
         self.abstract_error = abstract_error
-        self.custom_init = custom_init
         self.data_fields = [f.name for f in fields if not f.metadata.get("static")]
         self.meta_fields = [f.name for f in fields if f.metadata.get("static")]
-        self.static_names = tuple(self.meta_fields)
         self.field_names = frozenset(f.name for f in fields)
         self.field_count = len(self.field_names)
         self.converters = tuple(
@@ -146,10 +141,6 @@ class ClassPlan:
         self.generated_init: Callable[..., None] | None = None
         self.registered = False
         self.uses_marker = True
-        # The keyword names of JAX's unflatten call when it carries no marker
-        # (every field, nothing else); `None` while registration is pending or
-        # when the marker is used.
-        self.unflatten_keys: frozenset[str] | None = None
 
     def register(self, cls: type) -> None:
         """Registers `cls` as a C++ dataclass pytree node, once.
@@ -171,9 +162,9 @@ class ClassPlan:
                 )
             )
             if not self.uses_marker:
-                self.unflatten_keys = self.field_names
-                # Read by the custom-`__init__` wrapper on every unflatten: a
-                # class attribute is one lookup.
+                # The keyword names of JAX's unflatten call (every field,
+                # nothing else), read by the custom-`__init__` wrapper on every
+                # unflatten: a class attribute is one lookup.
                 type.__setattr__(cls, "__filterax_unflatten_keys__", self.field_names)
             marker = [_UNFLATTEN_FIELD] if self.uses_marker else []
             register_dataclass_node(cls, self.data_fields, [*self.meta_fields, *marker])
@@ -194,7 +185,7 @@ class ClassPlan:
                     f"{cls.__qualname__}.{name}: the field's converter "
                     f"{getattr(converter, '__name__', converter)!r} raised: {error}"
                 ) from error
-        for name in self.static_names:
+        for name in self.meta_fields:
             check_static_value(cls, name, values[name])
         if not _SUSPECT_TYPES.isdisjoint(map(type, values.values())):
             warn_if_transformed(instance)
@@ -403,8 +394,7 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
     Non-plain classes also accept the unflatten call (`__class__=cls` plus every
     field by keyword) through `**unflatten`, and then only store the fields.
     """
-    fields = effective_fields(cls)
-    names = {f.name for f in fields}
+    names = plan.field_names
     entries = [
         f
         for f in cls.__dataclass_fields__.values()  # type: ignore[attr-defined]
@@ -469,7 +459,7 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
         body += [
             f"if type(_fx_d[{name!r}]) not in _fx_hashable: "
             f"_fx_check_static(_fx_cls, {name!r}, _fx_d[{name!r}])"
-            for name in plan.static_names
+            for name in plan.meta_fields
         ]
         stored = [f.name for f in entries if not _is_init_var(f.type)]
         if stored:

@@ -17,13 +17,9 @@ May import: `jax`, `numpy`, and the lowest layer of filterax (`_filters`).
 Nothing in filterax imports this folder except `filterax/__init__.py`.
 """
 
-from ._api import (
-    SerialisationError,
-    default_deserialise_filter_spec,
-    default_serialise_filter_spec,
-    tree_deserialise_leaves,
-    tree_serialise_leaves,
-)
+from ._api import tree_deserialise_leaves, tree_serialise_leaves
+from ._leaf import default_deserialise_filter_spec, default_serialise_filter_spec
+from ._messages import SerialisationError
 
 __all__ = [
     "SerialisationError",

@@ -49,13 +49,7 @@ from ._messages import SerialisationError, leaf_note
 from ._npy import NPY_MAGIC, NpyReader, starts_npy_record
 from ._source import Source
 
-__all__ = [
-    "SerialisationError",
-    "default_deserialise_filter_spec",
-    "default_serialise_filter_spec",
-    "tree_deserialise_leaves",
-    "tree_serialise_leaves",
-]
+__all__ = ["tree_deserialise_leaves", "tree_serialise_leaves"]
 
 
 class _Leaf(NamedTuple):

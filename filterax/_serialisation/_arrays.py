@@ -17,14 +17,18 @@ from .._filters import is_ref
 from ._messages import shape_str, with_article
 
 __all__ = [
+    "as_like_scalar",
     "describe_like",
     "empty_buffer",
+    "finish_array",
     "is_array_template",
+    "is_jax_template",
     "is_key_dtype",
     "key_impl_of",
     "key_layout",
     "place",
     "python_scalar_kind",
+    "restore_keys",
 ]
 
 _TEMPLATE_TYPES = (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)
@@ -33,6 +37,11 @@ _TEMPLATE_TYPES = (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)
 def is_array_template(like: Any) -> bool:
     """Whether `like` stands for an array (its shape and dtype are checked)."""
     return isinstance(like, _TEMPLATE_TYPES)
+
+
+def is_jax_template(like: Any) -> bool:
+    """Whether `like` stands for a JAX array (restored as one, on a device)."""
+    return isinstance(like, (jax.Array, jax.ShapeDtypeStruct))
 
 
 def is_key_dtype(dtype: Any) -> bool:
@@ -52,6 +61,17 @@ def python_scalar_kind(leaf: Any) -> str | None:
         if isinstance(leaf, cls):
             return kind
     return None
+
+
+def as_like_scalar(value: Any, like: Any) -> Any:
+    """`value` as an instance of `like`'s type when that is a subclass of a
+    Python scalar type (e.g. an `IntEnum`) that accepts it, else `value`."""
+    if type(like) in (bool, int, float, complex):
+        return value
+    try:
+        return type(like)(value)
+    except Exception:
+        return value
 
 
 @functools.cache
@@ -80,7 +100,7 @@ def describe_like(like: Any) -> str:
     if is_ref(like):
         return f"a Ref holding {describe_like(like[...])}"
     dtype = getattr(like, "dtype", None)
-    if isinstance(like, (jax.Array, jax.ShapeDtypeStruct)) and is_key_dtype(dtype):
+    if is_jax_template(like) and is_key_dtype(dtype):
         return f"a {key_impl_of(like)} key array of shape {tuple(like.shape)}"
     if is_array_template(like):
         return with_article(
@@ -156,3 +176,17 @@ def place(array: Any, like: Any) -> jax.Array:
     # The transfer is asynchronous and keeps the host buffer alive until done:
     # waiting bounds host memory to one leaf instead of all leaves in flight.
     return placed.block_until_ready()
+
+
+def finish_array(values: np.ndarray, like: Any) -> Any:
+    """The restored leaf of `like`'s type holding host array `values`: a placed
+    JAX array, a NumPy scalar or `values` itself."""
+    if is_jax_template(like):
+        return place(values, like)
+    return values[()] if isinstance(like, np.generic) else values
+
+
+def restore_keys(data: np.ndarray, impl: str, like: Any) -> jax.Array:
+    """The key array of PRNG implementation `impl` whose key data is `data`,
+    placed as `like` is."""
+    return place(jax.random.wrap_key_data(jnp.asarray(data), impl=impl), like)

@@ -36,7 +36,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-__all__ = ["atomic_output", "remove_stale_temporaries", "temporary_pattern"]
+__all__ = ["atomic_output"]
 
 _OPEN_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
 _OPEN_EXISTING = os.O_RDWR | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOFOLLOW", 0)

@@ -14,19 +14,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .._filters import is_ref
 from ._arrays import (
+    as_like_scalar,
     describe_like,
     empty_buffer,
+    finish_array,
     is_array_template,
+    is_jax_template,
     is_key_dtype,
     key_impl_of,
     key_layout,
-    place,
     python_scalar_kind,
+    restore_keys,
 )
 from ._messages import SerialisationError, leaf_note
 from ._npy import NpyRecord
@@ -97,13 +99,7 @@ def _read_python_scalar(handle: NpyLeafReader, like: Any, kind: str) -> Any:
             + leaf_note(handle.key_path, "mismatch")
         )
     values = _read_values(handle, record, record.dtype.newbyteorder("="), for_jax=False)
-    value = values.item()
-    if type(like) not in (bool, int, float, complex):  # e.g. an IntEnum
-        try:
-            return type(like)(value)
-        except Exception:
-            return value
-    return value
+    return as_like_scalar(values.item(), like)
 
 
 def decode_equinox_leaf(handle: NpyLeafReader, like: Any) -> Any:
@@ -116,15 +112,13 @@ def decode_equinox_leaf(handle: NpyLeafReader, like: Any) -> Any:
         _, trailing = key_layout(impl)
         shape = (*like.shape, *trailing)
         data = _read_matching(handle, like, np.dtype(np.uint32), shape, for_jax=True)
-        return place(jax.random.wrap_key_data(jnp.asarray(data), impl=impl), like)
+        return restore_keys(data, impl, like)
     if is_array_template(like):
-        for_jax = isinstance(like, (jax.Array, jax.ShapeDtypeStruct))
+        for_jax = is_jax_template(like)
         values = _read_matching(
             handle, like, np.dtype(dtype), tuple(np.shape(like)), for_jax
         )
-        if for_jax:
-            return place(values, like)
-        return values[()] if isinstance(like, np.generic) else values
+        return finish_array(values, like)
     kind = python_scalar_kind(like)
     if kind is not None:
         return _read_python_scalar(handle, like, kind)

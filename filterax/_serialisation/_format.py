@@ -28,7 +28,6 @@ from ._source import CHUNK, Source
 __all__ = [
     "ARRAY_KINDS",
     "BIG_ENDIAN_HOST",
-    "FORMAT_VERSION",
     "MAGIC",
     "EntryMeta",
     "FormatReader",
@@ -337,9 +336,9 @@ class FormatReader:
         return meta
 
     def can_read_into(self, meta: EntryMeta) -> bool:
-        """Whether a buffer of `meta.nbytes` may be allocated before reading:
-        the size was checked against the file, or is small anyway."""
-        return self.source.remaining is not None or meta.nbytes <= CHUNK
+        """Whether a buffer of `meta.nbytes` may be allocated before reading
+        (see `Source.can_allocate`)."""
+        return self.source.can_allocate(meta.nbytes)
 
     def _check(self, meta: EntryMeta, crc: int) -> None:
         what = f"the data of entry {meta.path}"

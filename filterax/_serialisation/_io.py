@@ -18,7 +18,6 @@ from ._npy import NpyReader
 from ._source import Source
 
 __all__ = [
-    "DEFAULT_SUFFIX",
     "LeafReader",
     "LeafWriter",
     "NpyLeafReader",
@@ -26,7 +25,6 @@ __all__ = [
     "leaf_handle",
     "open_input",
     "open_output",
-    "with_default_suffix",
 ]
 
 # A path, or a binary file object (any `io` stream: `open(..., "rb")`,

@@ -9,20 +9,22 @@ import struct
 from typing import Any, BinaryIO
 
 import jax
-import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
 from .._filters import is_ref
 from ._arrays import (
+    as_like_scalar,
     describe_like,
     empty_buffer,
+    finish_array,
     is_array_template,
+    is_jax_template,
     is_key_dtype,
     key_layout,
-    place,
     python_scalar_kind,
+    restore_keys,
 )
 from ._equinox import decode_equinox_leaf
 from ._format import (
@@ -210,12 +212,7 @@ def _decode_python_scalar(handle: LeafReader, kind: str, like: Any) -> Any:
     else:
         value = _SCALAR_FORMATS[kind].unpack(data)
         value = value[0] if kind == "float" else complex(*value)
-    if type(like) not in (bool, int, float, complex):  # e.g. an IntEnum
-        try:
-            return type(like)(value)
-        except Exception:
-            return value
-    return value
+    return as_like_scalar(value, like)
 
 
 def _decode_leaf(handle: LeafReader, like: Any) -> Any:
@@ -254,7 +251,7 @@ def _decode_leaf_as(handle: LeafReader, like: Any, mismatch: Any) -> Any:
         if key_dtype != like_dtype or meta.shape != (*like.shape, *trailing):
             raise mismatch()
         data = _read_array(handle, meta.dtype, meta.shape, for_jax=True)
-        return place(jax.random.wrap_key_data(jnp.asarray(data), impl=impl), like)
+        return restore_keys(data, impl, like)
     if is_array_template(like):
         if (
             meta.kind not in ARRAY_KINDS
@@ -262,13 +259,11 @@ def _decode_leaf_as(handle: LeafReader, like: Any, mismatch: Any) -> Any:
             or meta.shape != tuple(np.shape(like))
         ):
             raise mismatch()
-        for_jax = isinstance(like, (jax.Array, jax.ShapeDtypeStruct))
+        for_jax = is_jax_template(like)
         array = _read_array(handle, meta.dtype, meta.shape, for_jax)
-        if for_jax:
-            return place(array, like)
-        if array.dtype != like_dtype:  # a non-native byte order
+        if not for_jax and array.dtype != like_dtype:  # a non-native byte order
             array = array.astype(like_dtype)
-        return array[()] if isinstance(like, np.generic) else array
+        return finish_array(array, like)
     kind = python_scalar_kind(like)
     if kind is not None:
         if meta.kind != kind:

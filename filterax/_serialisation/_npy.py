@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ._messages import SerialisationError, leaf_note, shape_str, with_article
+from ._messages import leaf_note, shape_str, with_article
 from ._source import CHUNK, Source
 
 __all__ = ["NPY_MAGIC", "NpyReader", "NpyRecord", "starts_npy_record"]
@@ -132,7 +132,7 @@ class NpyReader:
 
     def can_read_into(self, record: NpyRecord) -> bool:
         """As `FormatReader.can_read_into`."""
-        return self.source.remaining is not None or record.nbytes <= CHUNK
+        return self.source.can_allocate(record.nbytes)
 
     def read_data_into(self, path: str, buffer: np.ndarray) -> None:
         view = buffer.reshape(-1).view(np.uint8).data.cast("B")
@@ -143,6 +143,3 @@ class NpyReader:
 
     def read_data(self, path: str, record: NpyRecord) -> bytearray:
         return self.source.read_exact(record.nbytes, f"the data of leaf {path}")
-
-    def fail(self, message: str) -> SerialisationError:
-        return self.source.fail(message)

@@ -108,6 +108,11 @@ class Source:
     def at_end(self) -> bool:
         return self.peek(1) == b""
 
+    def can_allocate(self, size: int) -> bool:
+        """Whether a buffer of `size` bytes may be allocated before reading
+        them: the size was checked against the stream, or is small anyway."""
+        return self.remaining is not None or size <= CHUNK
+
     def require(self, size: int, what: str) -> None:
         """Fails unless at least `size` more bytes may be in the stream."""
         if self.remaining is not None and size > self.remaining:
@@ -129,7 +134,7 @@ class Source:
         """Exactly `size` bytes. Allocated as they arrive when the stream's
         length is unknown, so a false size costs no more than the file holds."""
         self.require(size, what)
-        if self.remaining is not None or size <= CHUNK:
+        if self.can_allocate(size):
             buffer = bytearray(size)
             self.read_exact_into(memoryview(buffer), what)
             return buffer

@@ -4,7 +4,6 @@ and `dot_product_attention` (one head), and the `MultiheadAttention` layer."""
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -14,8 +13,8 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .._module import Module, field
 from .._state import RngStream
-from ._dropout import Dropout
-from ._linear import Linear
+from ._dropout import Dropout, _deprecated_deterministic, _dropout_active
+from ._linear import Linear, statistics_dtype
 
 __all__ = ["MultiheadAttention"]
 
@@ -81,8 +80,7 @@ def dot_product_attention_weights(
                 f"got shape {mask.shape}."
             )
         logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
-    with jax.numpy_dtype_promotion("standard"):
-        softmax_dtype = jnp.result_type(logits.dtype, jnp.float32)
+    softmax_dtype = statistics_dtype(logits.dtype)
     return jax.nn.softmax(logits.astype(softmax_dtype)).astype(logits.dtype)
 
 
@@ -301,12 +299,7 @@ class MultiheadAttention(Module):
         `process_heads` changes a shape.
         """
         if deterministic is not None:
-            warnings.warn(
-                "MultiheadAttention()(deterministic=...) is deprecated; use "
-                "inference=..., which means the same.",
-                FutureWarning,
-                stacklevel=2,
-            )
+            _deprecated_deterministic("MultiheadAttention()")
             inference = deterministic
         self._check_inputs(query, key_, value, mask)
         query_heads = self._project(self.query_proj, query)
@@ -324,7 +317,7 @@ class MultiheadAttention(Module):
                     f"shapes it was given, {shapes}; it returned {new_shapes}."
                 )
         if isinstance(key, RngStream):
-            key = key() if self._dropout_active(inference) else None
+            key = key() if _dropout_active(self.dropout, inference) else None
         head_keys = None if key is None else jax.random.split(key, self.num_heads)
 
         def attend(query_head, key_head, value_head, head_mask, head_key):
@@ -343,13 +336,6 @@ class MultiheadAttention(Module):
             query_heads, key_heads, value_heads, mask, head_keys
         )
         return jax.vmap(self.output_proj)(attended.reshape(query.shape[0], -1))
-
-    def _dropout_active(self, inference: bool | None) -> bool:
-        """Whether the dropout would draw randomness (the rule of `Dropout`)."""
-        if inference is None:
-            inference = self.dropout.inference
-        p = self.dropout.p
-        return not (inference or (isinstance(p, (int, float)) and p == 0))
 
     def _project(self, projection: Linear, x: Array) -> Array:
         """`(seq, size)` to `(seq, num_heads, channels per head)`."""

@@ -78,7 +78,7 @@ def _is_pair(value: object) -> bool:
     )
 
 
-def _parse_padding_pairs(
+def _padding_pairs_or_none(
     padding: PaddingPairsLike, num_spatial_dims: int
 ) -> tuple[tuple[int, int], ...] | None:
     """`(before, after)` for each spatial dimension, or `None` if `padding` is
@@ -100,6 +100,22 @@ def _parse_padding_pairs(
     return tuple(pairs)
 
 
+def _parse_padding_pairs(
+    padding: PaddingPairsLike, num_spatial_dims: int, strings: bool = False
+) -> tuple[tuple[int, int], ...]:
+    """`(before, after)` for each spatial dimension; the error for anything else
+    also lists the padding strings when the caller accepts them (`strings`)."""
+    pairs = _padding_pairs_or_none(padding, num_spatial_dims)
+    if pairs is None:
+        also = "'SAME', 'SAME_LOWER', 'VALID', " if strings else ""
+        raise ValueError(
+            f"`padding` must be {also}an int, or a sequence of {num_spatial_dims} "
+            "entries (one per spatial dimension), each an int or a "
+            f"`(before, after)` pair of ints; got {padding!r}."
+        )
+    return pairs
+
+
 def _parse_padding(padding: PaddingLike, num_spatial_dims: int) -> Padding:
     if isinstance(padding, str):
         if padding.upper() not in _PADDING_STRINGS:
@@ -108,14 +124,7 @@ def _parse_padding(padding: PaddingLike, num_spatial_dims: int) -> Padding:
                 f"(any case), got {padding!r}."
             )
         return padding.upper()
-    pairs = _parse_padding_pairs(padding, num_spatial_dims)
-    if pairs is None:
-        raise ValueError(
-            "`padding` must be 'SAME', 'SAME_LOWER', 'VALID', an int, or a sequence "
-            f"of {num_spatial_dims} entries (one per spatial dimension), each an int "
-            f"or a `(before, after)` pair of ints; got {padding!r}."
-        )
-    return pairs
+    return _parse_padding_pairs(padding, num_spatial_dims, strings=True)
 
 
 def _parse_padding_mode(padding_mode: str) -> str:
@@ -160,13 +169,42 @@ def _init_weight_and_bias(
     return weight, uniform_init(bias_key, bias_shape, dtype, limit)
 
 
-def _check_input(layer: Module, x: Array, channels: int, num_spatial_dims: int) -> None:
-    if x.ndim != num_spatial_dims + 1 or x.shape[0] != channels:
+def _check_input(
+    layer: Module, x: Array, num_spatial_dims: int, channels: int | None = None
+) -> None:
+    """Refuses an `x` that is not `(channels, *spatial)` with `num_spatial_dims`
+    spatial dimensions; any number of channels when `channels` is `None`."""
+    if x.ndim != num_spatial_dims + 1 or (
+        channels is not None and x.shape[0] != channels
+    ):
+        shape = "(channels, " if channels is None else f"(channels={channels}, "
         raise ValueError(
-            f"{type(layer).__name__} expects an input of shape (channels={channels}, "
-            f"*spatial) with {num_spatial_dims} spatial dimension(s) and no batch "
-            f"axis (use jax.vmap to batch), got shape {tuple(x.shape)}."
+            f"{type(layer).__name__} expects an input of shape {shape}*spatial) "
+            f"with {num_spatial_dims} spatial dimension(s) and no batch axis (use "
+            f"jax.vmap to batch), got shape {tuple(x.shape)}."
         )
+
+
+def _convolve(
+    layer: "Conv | ConvTranspose",
+    x: Array,
+    window_strides: Sequence[int],
+    padding: str | Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int] | None = None,
+) -> Array:
+    """`x` (no batch axis) convolved with `layer`'s weight, plus its bias."""
+    out = lax.conv_general_dilated(
+        lhs=x[None],
+        rhs=layer.weight,
+        window_strides=window_strides,
+        padding=padding,
+        lhs_dilation=lhs_dilation,
+        rhs_dilation=layer.dilation,
+        feature_group_count=layer.groups,
+    )[0]
+    if layer.bias is not None:
+        out = out + layer.bias
+    return out
 
 
 class Conv(Module):
@@ -292,7 +330,7 @@ class Conv(Module):
         ```
         """
         del key
-        _check_input(self, x, self.in_channels, self.num_spatial_dims)
+        _check_input(self, x, self.num_spatial_dims, self.in_channels)
         with jax.named_scope(f"filterax.nn.{type(self).__name__}"):
             padding = self.padding
             if self.padding_mode != "ZEROS":
@@ -300,17 +338,7 @@ class Conv(Module):
                 mode = _JNP_PAD_MODES[self.padding_mode]
                 x = jnp.pad(x, [(0, 0), *pairs], mode=mode)  # pyright: ignore[reportArgumentType]
                 padding = "VALID"
-            out = lax.conv_general_dilated(
-                lhs=x[None],
-                rhs=self.weight,
-                window_strides=self.stride,
-                padding=padding,
-                rhs_dilation=self.dilation,
-                feature_group_count=self.groups,
-            )[0]
-            if self.bias is not None:
-                out = out + self.bias
-            return out
+            return _convolve(self, x, self.stride, padding)
 
 
 class _ConvNd(Conv):
@@ -604,7 +632,7 @@ class ConvTranspose(Module):
         ```
         """
         del key
-        _check_input(self, x, self.in_channels, self.num_spatial_dims)
+        _check_input(self, x, self.num_spatial_dims, self.in_channels)
         with jax.named_scope(f"filterax.nn.{type(self).__name__}"):
             padding = self._transposed_padding()
             if self.padding_mode == "CIRCULAR":
@@ -615,18 +643,8 @@ class ConvTranspose(Module):
                 padding = [
                     (lo % s, hi % s) for (lo, hi), s in zip(padding, self.stride)
                 ]
-            out = lax.conv_general_dilated(
-                lhs=x[None],
-                rhs=self.weight,
-                window_strides=(1,) * self.num_spatial_dims,
-                padding=padding,
-                lhs_dilation=self.stride,
-                rhs_dilation=self.dilation,
-                feature_group_count=self.groups,
-            )[0]
-            if self.bias is not None:
-                out = out + self.bias
-            return out
+            ones = (1,) * self.num_spatial_dims
+            return _convolve(self, x, ones, padding, lhs_dilation=self.stride)
 
 
 class _ConvTransposeNd(ConvTranspose):

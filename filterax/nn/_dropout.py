@@ -15,12 +15,24 @@ __all__ = ["Dropout"]
 
 
 def _deprecated_deterministic(where: str) -> None:
+    """Warns that `where(deterministic=...)` is deprecated, pointing at the code
+    that called the method which calls this."""
     warnings.warn(
         f"{where}(deterministic=...) is deprecated; use {where}(inference=...), "
         "which means the same.",
         FutureWarning,
         stacklevel=3,
     )
+
+
+def _dropout_active(dropout: Dropout, inference: bool | None) -> bool:
+    """Whether calling `dropout` with this `inference` argument drops elements
+    (and so needs a key): not in inference, and `p` not a Python zero."""
+    if inference is None:
+        inference = dropout.inference
+    if isinstance(dropout.p, (int, float)) and dropout.p == 0:
+        return False
+    return not inference
 
 
 class Dropout(Module):
@@ -118,11 +130,7 @@ class Dropout(Module):
         if deterministic is not None:
             _deprecated_deterministic("Dropout()")
             inference = deterministic
-        if inference is None:
-            inference = self.inference
-        if isinstance(self.p, (int, float)) and self.p == 0:
-            inference = True
-        if inference:
+        if not _dropout_active(self, inference):
             return x
         if key is None:
             raise RuntimeError(

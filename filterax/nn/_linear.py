@@ -1,5 +1,6 @@
-"""`Linear` and `Identity`, and the two initialisation helpers the other layers in
-this folder share (`default_floating_dtype`, `uniform_init`)."""
+"""`Linear` and `Identity`, and the helpers the other layers in this folder share
+(`default_floating_dtype`, `statistics_dtype`, `uniform_init`, `non_negative_int`,
+`check_key`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,13 @@ def default_floating_dtype() -> Any:
     """`float64` when `jax_enable_x64` is on, `float32` otherwise: the dtype that
     layers use for their parameters when no `dtype=` is given."""
     return jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32
+
+
+def statistics_dtype(dtype: Any) -> Any:
+    """The dtype that statistics (means, variances, softmaxes) of values of
+    `dtype` are computed in: at least float32."""
+    with jax.numpy_dtype_promotion("standard"):
+        return jnp.result_type(dtype, jnp.float32)
 
 
 def uniform_init(key: Any, shape: tuple[int, ...], dtype: Any, limit: float) -> Array:
@@ -139,7 +147,6 @@ class Linear(Module):
         in_features = _check_features(in_features, "in_features")
         out_features = _check_features(out_features, "out_features")
         check_key(key, "Linear")
-        dtype = default_floating_dtype() if dtype is None else dtype
         n_in = 1 if in_features == "scalar" else in_features
         n_out = 1 if out_features == "scalar" else out_features
         limit = 1.0 if n_in == 0 else 1 / math.sqrt(n_in)

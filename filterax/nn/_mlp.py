@@ -13,7 +13,7 @@ from jaxtyping import Array, ArrayLike, PRNGKeyArray
 from .._filters import is_array
 from .._mapping import filter_vmap
 from .._module import Module, field
-from ._linear import Linear, check_key, default_floating_dtype, non_negative_int
+from ._linear import Linear, check_key, non_negative_int
 
 __all__ = ["MLP"]
 
@@ -109,7 +109,6 @@ class MLP(Module):
     ):
         depth = non_negative_int(depth, "MLP", "depth")
         check_key(key, "MLP")
-        dtype = default_floating_dtype() if dtype is None else dtype
         keys = jax.random.split(key, depth + 1)
 
         def hidden(layer_key: Any) -> Linear:

@@ -16,34 +16,52 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
+from ._linear import statistics_dtype
+from ._stateful import _NO_STATE
 
 __all__ = ["GroupNorm", "LayerNorm", "RMSNorm"]
 
 _State = TypeVar("_State")
 
 
-class _NoState:
-    """The default of the optional `state` argument: tells "not passed" from any
-    value a user may pass, `None` included."""
-
-    def __repr__(self) -> str:
-        return "<no state>"
-
-
-_NO_STATE: Any = _NoState()
-
-
-def _statistics_dtype(dtype: Any) -> Any:
-    """The dtype the statistics are computed in: at least float32."""
-    with jax.numpy_dtype_promotion("standard"):
-        return jnp.result_type(dtype, jnp.float32)
-
-
 def _shape_tuple(shape: int | Sequence[int]) -> tuple[int, ...]:
     return (shape,) if isinstance(shape, int) else tuple(shape)
 
 
-def _with_state(out: Array, state: Any) -> Any:
+def _affine_params(
+    shape: tuple[int, ...], use_weight: bool, use_bias: bool, dtype: Any
+) -> tuple[Array | None, Array | None]:
+    """The initial `(weight, bias)`: ones and zeros of `shape`, or `None`."""
+    weight = jnp.ones(shape, dtype) if use_weight else None
+    bias = jnp.zeros(shape, dtype) if use_bias else None
+    return weight, bias
+
+
+def _check_whole_shape(
+    layer: str, variable: str, shape: tuple[int, ...], x: Array
+) -> None:
+    """Refuses an `x` that is not exactly of `shape` (a batch, say); `variable`
+    names the layer in the suggested `jax.vmap` fix."""
+    if x.shape != shape:
+        raise ValueError(
+            f"{layer}(shape={shape}) expects an input of shape "
+            f"{shape}; got shape {x.shape}. To normalise over the "
+            "trailing axes of a batch, map the layer over the leading axes: "
+            f"`jax.vmap({variable})(x)`."
+        )
+
+
+def _affine_output(
+    out: Array, weight: Array | None, bias: Array | None, x_dtype: Any, state: Any
+) -> Any:
+    """Scales `out` by `weight` and shifts it by `bias` (each optional) in
+    `out`'s dtype, the statistics dtype; then returns it in the input's dtype,
+    paired with `state` when one was passed."""
+    if weight is not None:
+        out = weight.astype(out.dtype) * out
+    if bias is not None:
+        out = out + bias.astype(out.dtype)
+    out = out.astype(x_dtype)
     return out if state is _NO_STATE else (out, state)
 
 
@@ -111,8 +129,7 @@ class LayerNorm(Module):
         self.eps = eps
         self.use_weight = use_weight
         self.use_bias = use_bias
-        self.weight = jnp.ones(self.shape, dtype) if use_weight else None
-        self.bias = jnp.zeros(self.shape, dtype) if use_bias else None
+        self.weight, self.bias = _affine_params(self.shape, use_weight, use_bias, dtype)
 
     @overload
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array: ...
@@ -141,23 +158,12 @@ class LayerNorm(Module):
         **Returns:** the normalised array, of `x`'s shape and dtype; or
         `(output, state)` when `state` is passed.
         """
-        if x.shape != self.shape:
-            raise ValueError(
-                f"LayerNorm(shape={self.shape}) expects an input of shape "
-                f"{self.shape}; got shape {x.shape}. To normalise over the "
-                "trailing axes of a batch, map the layer over the leading axes: "
-                "`jax.vmap(layer_norm)(x)`."
-            )
-        dtype = _statistics_dtype(x.dtype)
-        y = x.astype(dtype)
+        _check_whole_shape("LayerNorm", "layer_norm", self.shape, x)
+        y = x.astype(statistics_dtype(x.dtype))
         mean = jnp.mean(y, keepdims=True)
         variance = jnp.maximum(0.0, jnp.var(y, keepdims=True))
         out = (y - mean) * jax.lax.rsqrt(variance + self.eps)
-        if self.weight is not None:
-            out = self.weight.astype(dtype) * out
-        if self.bias is not None:
-            out = out + self.bias.astype(dtype)
-        return _with_state(out.astype(x.dtype), state)
+        return _affine_output(out, self.weight, self.bias, x.dtype, state)
 
 
 class RMSNorm(Module):
@@ -209,8 +215,7 @@ class RMSNorm(Module):
         self.eps = eps
         self.use_weight = use_weight
         self.use_bias = use_bias
-        self.weight = jnp.ones(self.shape, dtype) if use_weight else None
-        self.bias = jnp.zeros(self.shape, dtype) if use_bias else None
+        self.weight, self.bias = _affine_params(self.shape, use_weight, use_bias, dtype)
 
     @overload
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array: ...
@@ -239,21 +244,10 @@ class RMSNorm(Module):
         **Returns:** the rescaled array, of `x`'s shape and dtype; or
         `(output, state)` when `state` is passed.
         """
-        if x.shape != self.shape:
-            raise ValueError(
-                f"RMSNorm(shape={self.shape}) expects an input of shape "
-                f"{self.shape}; got shape {x.shape}. To normalise over the "
-                "trailing axes of a batch, map the layer over the leading axes: "
-                "`jax.vmap(rms_norm)(x)`."
-            )
-        dtype = _statistics_dtype(x.dtype)
-        y = x.astype(dtype)
+        _check_whole_shape("RMSNorm", "rms_norm", self.shape, x)
+        y = x.astype(statistics_dtype(x.dtype))
         out = jax.lax.rsqrt(jnp.mean(y**2) + self.eps) * y
-        if self.weight is not None:
-            out = self.weight.astype(dtype) * out
-        if self.bias is not None:
-            out = out + self.bias.astype(dtype)
-        return _with_state(out.astype(x.dtype), state)
+        return _affine_output(out, self.weight, self.bias, x.dtype, state)
 
 
 class GroupNorm(Module):
@@ -371,8 +365,7 @@ class GroupNorm(Module):
                 f"GroupNorm(channels={self.channels}) expects an input of shape "
                 f"({self.channels}, ...); got shape {x.shape}."
             )
-        dtype = _statistics_dtype(x.dtype)
-        grouped = x.astype(dtype).reshape(
+        grouped = x.astype(statistics_dtype(x.dtype)).reshape(
             self.groups, channels // self.groups, *x.shape[1:]
         )
         within_group = tuple(range(1, grouped.ndim))
@@ -380,9 +373,9 @@ class GroupNorm(Module):
         variance = jnp.var(grouped, axis=within_group, keepdims=True)
         variance = jnp.maximum(0.0, variance)
         out = ((grouped - mean) * jax.lax.rsqrt(variance + self.eps)).reshape(x.shape)
+        weight = bias = None
         if self.weight is not None and self.bias is not None:
             per_channel = (channels,) + (1,) * (x.ndim - 1)
             weight = jnp.broadcast_to(self.weight.reshape(per_channel), x.shape)
             bias = jnp.broadcast_to(self.bias.reshape(per_channel), x.shape)
-            out = weight.astype(dtype) * out + bias.astype(dtype)
-        return _with_state(out.astype(x.dtype), state)
+        return _affine_output(out, weight, bias, x.dtype, state)

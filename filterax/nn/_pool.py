@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
 from .._module import Module, field
-from ._conv import PaddingPairsLike, _parse_ints, _parse_padding_pairs
+from ._conv import PaddingPairsLike, _check_input, _parse_ints, _parse_padding_pairs
 
 __all__ = [
     "AdaptiveAvgPool1d",
@@ -32,15 +32,6 @@ __all__ = [
     "MaxPool3d",
     "Pool",
 ]
-
-
-def _check_rank(layer: Module, x: Array, num_spatial_dims: int) -> None:
-    if x.ndim != num_spatial_dims + 1:
-        raise ValueError(
-            f"{type(layer).__name__} expects an input of shape (channels, *spatial) "
-            f"with {num_spatial_dims} spatial dimension(s) and no batch axis (use "
-            f"jax.vmap to batch), got shape {tuple(x.shape)}."
-        )
 
 
 def _check_padding_fits_kernel(
@@ -113,12 +104,6 @@ class Pool(Module):
     ):
         n = num_spatial_dims
         pairs = _parse_padding_pairs(padding, n)
-        if pairs is None:
-            raise ValueError(
-                f"`padding` must be an int, or a sequence of {n} entries (one per "
-                "spatial dimension), each an int or a `(before, after)` pair of "
-                f"ints; got {padding!r}."
-            )
         self.init = init
         self.operation = operation
         self.num_spatial_dims = n
@@ -160,7 +145,7 @@ class Pool(Module):
         ```
         """
         del key
-        _check_rank(self, x, self.num_spatial_dims)
+        _check_input(self, x, self.num_spatial_dims)
         padding = self.padding
         if self.use_ceil:
             padding = self._ceil_padding(tuple(x.shape[1:]))
@@ -506,7 +491,7 @@ class AdaptivePool(Module):
         ```
         """
         del key
-        _check_rank(self, x, len(self.target_shape))
+        _check_input(self, x, len(self.target_shape))
         for dim, (size, target) in enumerate(zip(x.shape[1:], self.target_shape)):
             if size < target:
                 raise ValueError(

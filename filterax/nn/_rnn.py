@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
-from ._linear import check_key, default_floating_dtype, uniform_init
+from ._linear import check_key, uniform_init
 
 __all__ = ["GRUCell", "LSTMCell"]
 
@@ -33,6 +33,30 @@ def _check_sizes(cell: str, input_size: int, hidden_size: int) -> None:
         if not valid:
             kind = "positive" if least else "non-negative"
             raise ValueError(f"{cell} needs a {kind} int {name}; got {value!r}.")
+
+
+def _limit(hidden_size: int) -> float:
+    return math.sqrt(1 / hidden_size)
+
+
+def _gate_params(
+    keys: Array,
+    gates: int,
+    input_size: int,
+    hidden_size: int,
+    use_bias: bool,
+    dtype: Any,
+) -> tuple[Array, Array, Array | None]:
+    """`(weight_ih, weight_hh, bias)` of a cell with `gates` gates, drawn from
+    the three `keys` in that order; `bias` is `None` unless `use_bias`."""
+    ih_key, hh_key, bias_key = keys
+    lim = _limit(hidden_size)
+    weight_ih = uniform_init(ih_key, (gates * hidden_size, input_size), dtype, lim)
+    weight_hh = uniform_init(hh_key, (gates * hidden_size, hidden_size), dtype, lim)
+    bias = (
+        uniform_init(bias_key, (gates * hidden_size,), dtype, lim) if use_bias else None
+    )
+    return weight_ih, weight_hh, bias
 
 
 def _check_shape(cell: str, name: str, x: Any, size: int) -> None:
@@ -102,19 +126,15 @@ class GRUCell(Module):
     ):
         _check_sizes("GRUCell", input_size, hidden_size)
         check_key(key, "GRUCell")
-        dtype = default_floating_dtype() if dtype is None else dtype
-        ih_key, hh_key, bias_key, bias_n_key = jax.random.split(key, 4)
-        lim = math.sqrt(1 / hidden_size)
-        self.weight_ih = uniform_init(ih_key, (3 * hidden_size, input_size), dtype, lim)
-        self.weight_hh = uniform_init(
-            hh_key, (3 * hidden_size, hidden_size), dtype, lim
+        keys = jax.random.split(key, 4)
+        self.weight_ih, self.weight_hh, self.bias = _gate_params(
+            keys[:3], 3, input_size, hidden_size, use_bias, dtype
         )
-        if use_bias:
-            self.bias = uniform_init(bias_key, (3 * hidden_size,), dtype, lim)
-            self.bias_n = uniform_init(bias_n_key, (hidden_size,), dtype, lim)
-        else:
-            self.bias = None
-            self.bias_n = None
+        self.bias_n = (
+            uniform_init(keys[3], (hidden_size,), dtype, _limit(hidden_size))
+            if use_bias
+            else None
+        )
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.use_bias = use_bias
@@ -201,15 +221,8 @@ class LSTMCell(Module):
     ):
         _check_sizes("LSTMCell", input_size, hidden_size)
         check_key(key, "LSTMCell")
-        dtype = default_floating_dtype() if dtype is None else dtype
-        ih_key, hh_key, bias_key = jax.random.split(key, 3)
-        lim = math.sqrt(1 / hidden_size)
-        self.weight_ih = uniform_init(ih_key, (4 * hidden_size, input_size), dtype, lim)
-        self.weight_hh = uniform_init(
-            hh_key, (4 * hidden_size, hidden_size), dtype, lim
-        )
-        self.bias = (
-            uniform_init(bias_key, (4 * hidden_size,), dtype, lim) if use_bias else None
+        self.weight_ih, self.weight_hh, self.bias = _gate_params(
+            jax.random.split(key, 3), 4, input_size, hidden_size, use_bias, dtype
         )
         self.input_size = input_size
         self.hidden_size = hidden_size

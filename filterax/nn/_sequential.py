@@ -13,19 +13,9 @@ from jaxtyping import Array, PRNGKeyArray
 
 from .._module import Module
 from .._state import RngStream
-from ._stateful import State
+from ._stateful import _NO_STATE, State
 
 __all__ = ["Lambda", "Sequential", "StatefulLayer"]
-
-
-class _NoState:
-    """The default of `Sequential.__call__`'s `state`: no state was passed."""
-
-    def __repr__(self) -> str:
-        return "<no state>"
-
-
-_NO_STATE: Any = _NoState()
 
 
 class StatefulLayer(Module):

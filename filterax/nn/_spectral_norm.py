@@ -9,10 +9,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from .._module import field
-from .._tree import tree_at
 from ._linear import check_key
 from ._sequential import StatefulLayer
 from ._stateful import State, StateIndex
+from ._weight_norm import _with_weight
 
 __all__ = ["SpectralNorm"]
 
@@ -177,7 +177,4 @@ class SpectralNorm(StatefulLayer, Generic[_Layer]):
             state = state.set(self.uv_index, (u, v))
         sigma = jnp.einsum("i,ij,j->", u, matrix, v)
         normalised = jnp.reshape(matrix / sigma, weight.shape)
-        layer = tree_at(
-            lambda layer: getattr(layer, self.weight_name), self.layer, normalised
-        )
-        return layer(x), state
+        return _with_weight(self.layer, self.weight_name, normalised)(x), state

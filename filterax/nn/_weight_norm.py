@@ -20,6 +20,11 @@ __all__ = ["WeightNorm"]
 _Layer = TypeVar("_Layer")
 
 
+def _with_weight(layer: Any, weight_name: str, weight: Array) -> Any:
+    """A copy of `layer` whose field `weight_name` holds `weight`."""
+    return tree_at(lambda wrapped: getattr(wrapped, weight_name), layer, weight)
+
+
 class _NormExceptAxis(Module):
     """The Euclidean norm of each slice along `axis` (over every other axis),
     with the reduced axes kept; over the whole array when `axis` is `None`.
@@ -126,7 +131,5 @@ class WeightNorm(Module, Generic[_Layer]):
         """
         v = getattr(self.layer, self.weight_name)
         weight = v * self.g / self._norm(v)
-        layer = tree_at(
-            lambda wrapped: getattr(wrapped, self.weight_name), self.layer, weight
-        )
+        layer = _with_weight(self.layer, self.weight_name, weight)
         return layer(x)  # pyright: ignore[reportCallIssue]

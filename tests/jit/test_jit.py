@@ -988,3 +988,9 @@ def test_calls_return_before_the_device_finishes(route: str) -> None:
         x = step(x)
     assert not x.is_ready()
     x.block_until_ready()
+
+
+def test_a_compiled_call_with_a_shape_dtype_struct_argument_accepts_it_again():
+    struct = jax.ShapeDtypeStruct((3,), jnp.float32)  # a static (non-array) leaf
+    compiled = fx.filter_jit(lambda x, s: x + 1).lower(jnp.ones(3), struct).compile()
+    assert jnp.array_equal(compiled(jnp.ones(3), struct), jnp.full(3, 2.0))
