@@ -20,6 +20,7 @@ Imports only JAX, `_filters` and `_rebuild`.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from itertools import compress
 from typing import TYPE_CHECKING, Any, cast
@@ -37,6 +38,7 @@ __all__ = [
     "PyTreeDef",
     "mark_input_refs",
     "STATIC_MASK",
+    "FROZEN_NODE_TYPES",
     "all_dynamic",
     "clear_leaf_kinds",
     "flatten",
@@ -46,6 +48,9 @@ __all__ = [
     "StaticPart",
     "interleave",
     "is_dynamic_leaf",
+    "is_module_type",
+    "kind_of_type",
+    "ModulePart",
     "leaf_kinds",
     "shape_signature",
     "split",
@@ -76,6 +81,8 @@ STATIC, ARRAY, TRACER = 0, 1, 2
 # from them stay valid after `clear_leaf_kinds`.
 _KIND_BY_TYPE: dict[type, int] = {}
 _kind_by_type = _KIND_BY_TYPE.__getitem__
+# The kind of a leaf type seen before, else `None` (for node types too).
+kind_of_type = _KIND_BY_TYPE.get
 # The dynamic types seen so far (arrays, Refs, tracers): `issuperset(map(type,
 # leaves))` runs entirely in C and stops at the first other type.
 _DYNAMIC_TYPES: set[type] = set()
@@ -83,6 +90,13 @@ all_dynamic = _DYNAMIC_TYPES.issuperset
 
 # A `bytes.translate` table over a kinds mask: 1 where the leaf is static.
 STATIC_MASK = bytes.maketrans(b"\x00\x01\x02", b"\x01\x00\x00")
+# The kinds of a traced output's leaves once it has left the trace: concrete.
+_CONCRETE = bytes.maketrans(b"\x02", b"\x01")
+
+# Pytree node types (besides Modules, tuples, namedtuples and `None`) whose
+# instances never change their children after construction: a tree made only of
+# these flattens the same way for as long as it lives (see `StaticPart.frozen`).
+FROZEN_NODE_TYPES: set[type] = set()
 
 
 def shape_signature(tree: Any) -> Any:
@@ -146,10 +160,13 @@ class StaticPart:
     """
 
     __slots__ = (
+        "__weakref__",
         "_build",
+        "_frozen",
         "_hash",
         "_input_refs",
         "_merges",
+        "_module_parts",
         "mask",
         "static",
         "treedef",
@@ -163,6 +180,8 @@ class StaticPart:
         self._build: Callable[[Sequence[Any]], Any] | None = None
         self._merges = 0
         self._input_refs: tuple[int, ...] | None = None
+        self._frozen: bool | None = None
+        self._module_parts: tuple[ModulePart, ...] | None = None
 
     def merge(self, dynamic: Iterable[Any]) -> Any:
         """The tree, with `dynamic` in place of its dynamic leaves."""
@@ -184,13 +203,7 @@ class StaticPart:
         """`merge`, with each `InputRef` marker among the static leaves replaced
         by the input Ref it stands for (`inputs()` gives the flattened traced
         inputs of the call). Where the markers sit is found once."""
-        slots = self._input_refs
-        if slots is None:
-            slots = self._input_refs = tuple(
-                index
-                for index, leaf in enumerate(self.static)
-                if type(leaf) is InputRef
-            )
+        slots = self._input_ref_slots()
         if not slots:
             return self.merge(dynamic)
         given = inputs()
@@ -198,6 +211,20 @@ class StaticPart:
         for index in slots:
             static[index] = given[static[index].position]
         return self.treedef.unflatten(interleave(self.mask, dynamic, static))
+
+    def _input_ref_slots(self) -> tuple[int, ...]:
+        slots = self._input_refs
+        if slots is None:
+            slots = self._input_refs = tuple(
+                index
+                for index, leaf in enumerate(self.static)
+                if type(leaf) is InputRef
+            )
+        return slots
+
+    def holds_input_refs(self) -> bool:
+        """Whether some static leaves are `InputRef` markers."""
+        return bool(self._input_ref_slots())
 
     def _unflatten(self, dynamic: Iterable[Any]) -> Any:
         if not self.static:
@@ -207,6 +234,38 @@ class StaticPart:
     @property
     def num_dynamic(self) -> int:
         return len(self.mask) - len(self.static)
+
+    def interned(self) -> StaticPart:
+        """The one `StaticPart` equal to this one that `interned` returns while
+        it lives: equal parts made apart (an argument flattened, the same
+        structure rebuilt from an output) then compare by identity."""
+        # Keyed by the contents, not the part: the key is held strongly.
+        contents = (self.treedef, self.mask, self.static, tuple(map(type, self.static)))
+        canonical = _INTERNED.get(contents)
+        if canonical is None:
+            _INTERNED[contents] = canonical = self
+        return canonical
+
+    def frozen(self) -> bool:
+        """Whether every node of the structure is immutable (a Module, a tuple
+        or namedtuple, `None`, or a type in `FROZEN_NODE_TYPES`): then a tree
+        of this structure keeps it, and its leaves, for as long as it lives.
+        Worked out once."""
+        if self._frozen is None:
+            self._frozen = _frozen_nodes(self.treedef)
+        return self._frozen
+
+    def module_parts(self) -> tuple[ModulePart, ...]:
+        """The outermost Modules of frozen structure in a tree of this
+        structure, found through its tuples, lists, dicts and namedtuples: for
+        each, where it is and its own `StaticPart`, with traced leaves counted
+        as the concrete arrays they become outside the trace. Worked out
+        once."""
+        if self._module_parts is None:
+            found: list[ModulePart] = []
+            _find_module_parts(self, self.treedef, (), 0, 0, found)
+            self._module_parts = tuple(found)
+        return self._module_parts
 
     def __hash__(self) -> int:
         if self._hash is None:
@@ -232,6 +291,86 @@ class StaticPart:
 
 
 jtu.register_pytree_node(StaticPart, lambda part: ((), part), lambda part, _: part)
+
+_INTERNED: weakref.WeakValueDictionary[tuple, StaticPart] = (
+    weakref.WeakValueDictionary()
+)
+
+
+class ModulePart:
+    """A Module inside a tree: the keys that lead to it from the root (tuple
+    and list indices, dict keys), the range of its dynamic leaves among the
+    tree's, and its own `StaticPart`."""
+
+    __slots__ = ("dynamic_range", "part", "path")
+
+    def __init__(self, path: tuple[Any, ...], dynamic_range: slice, part: StaticPart):
+        self.path = path
+        self.dynamic_range = dynamic_range
+        self.part = part
+
+    def find(self, tree: Any) -> Any:
+        for key in self.path:
+            tree = tree[key]
+        return tree
+
+
+def is_module_type(cls: type) -> bool:
+    """Whether `cls` is a registered filterax Module class (duck-typed, so that
+    this module need not import `_module`)."""
+    plan = cls.__dict__.get("__filterax_plan__")
+    return plan is not None and plan.registered
+
+
+def _frozen_nodes(treedef: PyTreeDef) -> bool:
+    data = treedef.node_data()
+    if data is None:
+        return True
+    cls = data[0]
+    if not (
+        cls is tuple
+        or cls is type(None)
+        or cls in FROZEN_NODE_TYPES
+        or is_module_type(cls)
+        or (issubclass(cls, tuple) and hasattr(cls, "_fields"))
+    ):
+        return False
+    return all(map(_frozen_nodes, treedef.children()))
+
+
+def _find_module_parts(
+    whole: StaticPart,
+    treedef: PyTreeDef,
+    path: tuple[Any, ...],
+    leaf_start: int,
+    dynamic_start: int,
+    found: list[ModulePart],
+) -> None:
+    data = treedef.node_data()
+    if data is None:
+        return
+    cls, aux = data
+    if is_module_type(cls):
+        leaf_end = leaf_start + treedef.num_leaves
+        mask = whole.mask[leaf_start:leaf_end].translate(_CONCRETE)
+        static_start = leaf_start - dynamic_start
+        static = whole.static[static_start : static_start + mask.count(0)]
+        part = StaticPart(treedef, mask, static).interned()
+        if part.frozen():
+            dynamic_end = dynamic_start + part.num_dynamic
+            found.append(ModulePart(path, slice(dynamic_start, dynamic_end), part))
+        return
+    if cls is dict:
+        keys: Sequence[Any] = aux
+    elif cls is list or cls is tuple or (issubclass(cls, tuple) and aux is None):
+        keys = range(len(treedef.children()))
+    else:  # another node type: how to reach its children is not known here
+        return
+    for key, child in zip(keys, treedef.children()):
+        _find_module_parts(whole, child, (*path, key), leaf_start, dynamic_start, found)
+        end = leaf_start + child.num_leaves
+        dynamic_start += end - leaf_start - whole.mask[leaf_start:end].count(0)
+        leaf_start = end
 
 
 def split(

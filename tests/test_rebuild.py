@@ -133,7 +133,7 @@ def test_filter_jit_rebuilds_a_returned_model_with_a_builder() -> None:
         model, act = step(model, jax.nn.relu)
         assert model.weight.tolist() == [expected, expected]
         assert model.label == "plain" and act is jax.nn.relu
-    key = step.compiled.last_mixed_key
+    key = step.compiled.last_call
     assert key is not None
     out = step.compiled.keyed(key, step.fun_dynamic, [model.weight], [])
     assert out.static._build is not None

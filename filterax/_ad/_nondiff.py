@@ -13,6 +13,7 @@ from jax.core import Tracer
 
 from .._filters import is_inexact_array, partition
 from .._pretty import tree_pformat
+from .._split import FROZEN_NODE_TYPES
 from .._tree import tree_at
 
 __all__ = [
@@ -201,6 +202,8 @@ def _unflatten(_: None, children: Iterable[Any]) -> NonDifferentiable:
     return node
 
 
+# Its value is set once, in `__init__` or `_unflatten`.
+FROZEN_NODE_TYPES.add(NonDifferentiable)
 jtu.register_pytree_with_keys(
     NonDifferentiable, _flatten_with_keys, _unflatten, flatten_func=_flatten
 )

@@ -3,18 +3,21 @@
 A call takes one of two routes; both let `jax.jit`'s C++ fast path do the cache
 lookup, and neither builds closures per call.
 
-- **Direct** (`_direct.py`; every argument leaf an array or Ref, the common
-  case): the arguments go to an inner `jax.jit` as they are, and whether they
-  really are all arrays is checked once per compilation, while tracing.
-- **Keyed** (`_keyed.py`; some leaves are not arrays): `(args, kwargs)` is
-  flattened once, leaves are classified by type, and an inner `jax.jit`
-  receives one hashable static key plus the dynamic leaves as a list.
+- **Direct** (`_direct.py`; arguments without Modules whose leaves are all
+  arrays or Refs): the arguments go to an inner `jax.jit` as they are, and
+  whether they really are all arrays is checked once per compilation, while
+  tracing.
+- **Keyed** (`_keyed.py`; arguments holding Modules, or non-array leaves): the
+  arguments are described as tokens (Modules of frozen structure found by
+  identity through `_memo.py` instead of flattened again), and an inner
+  `jax.jit` receives one hashable static key plus the dynamic leaves as a list.
 
-A function that turns out to need the keyed route uses it from then on.
-`_compiled.py` holds the inner `jax.jit`s, shared by every wrapper of one
-function; `_outputs.py` what leaves the trace (arrays, and everything else in
-the treedef, input Refs mapped back); `_donate.py` buffer donation;
-`_aot.py` `.lower(...).compile()`; `_api.py` the public function and wrappers.
+The first call picks the route; a function that turns out to need the keyed
+route uses it from then on. `_compiled.py` holds the inner `jax.jit`s, shared
+by every wrapper of one function; `_outputs.py` what leaves the trace (arrays,
+and everything else in the treedef, input Refs mapped back); `_donate.py`
+buffer donation; `_aot.py` `.lower(...).compile()`; `_api.py` the public
+function and wrappers.
 
 May import: `jax`, `_split`, `_structure`, `_filters`, `_caches`.
 """

@@ -15,9 +15,9 @@ import jax
 
 from .._compat import donation_warning_ignored
 from .._errors import runtime_error_from
-from .._split import leaf_kinds, shape_signature
+from .._split import shape_signature
 from .._structure import differences_text
-from ._keyed import MixedKey, flatten_call
+from ._keyed import CallKey, describe_call
 from ._outputs import MixedOutput
 
 __all__ = ["CallPlan", "CompiledCall", "Lowered"]
@@ -31,7 +31,7 @@ class CallPlan:
 
     def __init__(
         self,
-        key: MixedKey,
+        key: CallKey,
         fun_dynamic: list[Any],
         n_kept: int,
         silence: bool,
@@ -48,12 +48,14 @@ class CallPlan:
 
     def arguments(self, args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
         """`(kept, donated)` dynamic leaves of a call, checked against the plan."""
-        leaves, treedef = flatten_call(args, kwargs)
         key = self.key
-        dynamic = (
-            key.reuse_for(treedef, leaves) if leaf_kinds(leaves) == key.kinds else None
-        )
-        if dynamic is None or _signature(dynamic) != self.signature:
+        dynamic: list[Any] = []
+        try:
+            tokens, dynamic, names = describe_call(args, kwargs, key)
+            same = tokens == key.tokens and names == key.names
+        except TypeError:  # an unhashable value where the plan has another
+            same = False
+        if not same or _signature(dynamic) != self.signature:
             called = shape_signature((args, kwargs))
             listing = differences_text(self.example, called, "(args, kwargs)")
             raise ValueError(

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from itertools import compress
 from typing import Any, TypeVar, overload
 
 import jax.tree_util as jtu
 
 from .._compat import donation_warning_ignored
 from .._errors import runtime_error_from
-from .._split import all_dynamic, flatten, leaf_kinds
+from .._split import flatten, is_module_type
 from ._aot import CallPlan, Lowered
 from ._compiled import Compiled, compiled_for, fun_arrays
 from ._direct import PENDING, Fallback, fallback_for
@@ -23,9 +22,9 @@ from ._donate import (
     silencing_depth,
 )
 from ._keyed import (
-    MixedKey,
+    CallKey,
+    describe_call,
     first_argument_leaf_count,
-    flatten_call,
     raise_if_unhashable,
 )
 from ._outputs import MixedOutput
@@ -33,6 +32,20 @@ from ._outputs import MixedOutput
 __all__ = ["JitWrapper", "filter_jit"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+
+# Never mutated: passed as the donated leaves of calls that donate nothing.
+_NOTHING_DONATED: list[Any] = []
+
+
+def holds_module(values: tuple) -> bool:
+    """Whether a Module is among `values`, or inside tuples among them."""
+    for value in values:
+        if is_module_type(type(value)) or (
+            type(value) is tuple and holds_module(value)
+        ):
+            return True
+    return False
 
 
 class JitWrapper:
@@ -52,6 +65,7 @@ class JitWrapper:
     ):
         self.fun = fun
         self.mode = mode
+        self.donates = mode.donates
         if compiled is None:
             compiled, self.fun_dynamic = compiled_for(fun, mode)
         else:  # rebuilt from its pytree leaves: the compiled code is shared
@@ -71,6 +85,8 @@ class JitWrapper:
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         try:
+            if self.compiled.direct_ok is False:
+                return self._call_keyed(args, kwargs)
             return self._call(args, kwargs)
         except Exception as error:
             translated = runtime_error_from(error)
@@ -80,7 +96,13 @@ class JitWrapper:
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         compiled = self.compiled
-        groups = self._direct_groups(args, kwargs) if compiled.direct_ok else None
+        direct = compiled.direct_ok
+        if direct is None:
+            # The first call picks the route. Arguments holding Modules take
+            # the keyed one: a Module is flattened once and then found by
+            # identity (`_memo`), cheaper than JAX flattening it on every call.
+            direct = compiled.direct_ok = not holds_module((*args, *kwargs.values()))
+        groups = self._direct_groups(args, kwargs) if direct else None
         if groups is None:
             return self._call_keyed(args, kwargs)
         PENDING.call = (args, kwargs)
@@ -108,64 +130,37 @@ class JitWrapper:
         return out
 
     def _call_keyed(self, args: tuple, kwargs: dict) -> Any:
-        # `flatten_call`, inlined: this is the hot path of calls that pass
-        # non-array leaves.
-        if kwargs:
-            leaves, treedef = flatten([args, kwargs])
-        else:
-            leaves, treedef = flatten(args)
         compiled = self.compiled
-        last_mixed = compiled.last_mixed_key
-        if last_mixed is not None:
-            dynamic = last_mixed.reuse_for(treedef, leaves)
-            if dynamic is not None:
-                return self._call_compiled(args, last_mixed, last_mixed.kinds, dynamic)
-        if all_dynamic(map(type, leaves)):
-            key: Any = compiled.last_key
-            # Usually the same structure as last time: one treedef comparison,
-            # and JAX then finds its entry by identity.
-            if key.treedef != treedef:
-                key = compiled.arrays_key(treedef)
-            kinds = None
+        last = compiled.last_call
+        try:
+            tokens, dynamic, names = describe_call(args, kwargs, last)
+            if last is not None and tokens == last.tokens and names == last.names:
+                key = last
+            else:
+                key = compiled.last_call = CallKey(tokens, names)
+        except TypeError:
+            raise_if_unhashable(args, kwargs)
+            raise
+        if self.donates:
+            kept, donated = self._split_donated(args, key, dynamic)
+            out = compiled.keyed(key, self.fun_dynamic, kept, donated)
         else:
-            kinds = leaf_kinds(leaves)
-            try:
-                key = compiled.last_mixed_key = MixedKey(treedef, kinds, leaves)
-            except TypeError:
-                raise_if_unhashable(args, kwargs)
-                raise
-            leaves = list(compress(leaves, kinds))
-        return self._call_compiled(args, key, kinds, leaves)
-
-    def _call_compiled(
-        self, args: tuple, key: Any, kinds: bytes | None, dynamic: list
-    ) -> Any:
-        kept, donated = self._split_donated(args, key, kinds, dynamic)
-        out = self.compiled.keyed(key, self.fun_dynamic, kept, donated)
+            out = compiled.keyed(key, self.fun_dynamic, dynamic, _NOTHING_DONATED)
         if out.__class__ is MixedOutput:
             return out.rebuild(lambda: [*self.fun_dynamic, *dynamic])
         return out
 
-    def _kept_count(self, args: tuple, key: Any, kinds: bytes | None) -> int:
-        """How many of the call's dynamic leaves are not donated."""
-        mode = self.mode
-        if not mode.donates:
-            return -1  # all of them
-        if not (mode.except_first and args):
-            return 0
-        # The first argument's leaves come first in flattening order.
-        n_first = first_argument_leaf_count(key)
-        if kinds is None:
-            return n_first
-        return n_first - kinds[:n_first].count(0)
-
     def _split_donated(
-        self, args: tuple, key: Any, kinds: bytes | None, dynamic: list[Any]
+        self, args: tuple, key: CallKey, dynamic: list[Any]
     ) -> tuple[list[Any], list[Any]]:
         """The dynamic leaves `(kept, donated)`."""
-        n_kept = self._kept_count(args, key, kinds)
-        if n_kept < 0:
+        mode = self.mode
+        if not mode.donates:
             return dynamic, []
+        # The first argument's leaves come first.
+        n_kept = (
+            first_argument_leaf_count(key, args) if mode.except_first and args else 0
+        )
         return dynamic[:n_kept], dynamic[n_kept:]
 
     def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
@@ -193,17 +188,15 @@ class JitWrapper:
 
         ```
         """
-        leaves, treedef = flatten_call(args, kwargs)
-        kinds = leaf_kinds(leaves)
         depth = silencing_depth()
         try:
             try:
-                key = MixedKey(treedef, kinds, leaves)
+                tokens, dynamic, names = describe_call(args, kwargs, None)
+                key = CallKey(tokens, names)
             except TypeError:
                 raise_if_unhashable(args, kwargs)
                 raise
-            dynamic = list(compress(leaves, kinds))
-            kept, donated = self._split_donated(args, key, kinds, dynamic)
+            kept, donated = self._split_donated(args, key, dynamic)
             with donation_warning_ignored(self.mode.silences_warning):
                 lowered = self.compiled.keyed.lower(
                     key, self.fun_dynamic, kept, donated

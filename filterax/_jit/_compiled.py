@@ -1,8 +1,9 @@
 """The inner `jax.jit`s of `filter_jit`, shared by every wrapper of one function.
 
 A `Compiled` holds the two traced bodies (direct and keyed routes) for one
-function and donation mode, plus the per-route state that lets repeated calls
-skip work (the last static key). It is found again from the function itself:
+function and donation mode, plus the state that lets repeated calls skip work
+(the route chosen, the last static key). It is found again from the function
+itself:
 
 - a plain Python function by identity, through a weak reference, so its
   compiled code is freed with it;
@@ -29,12 +30,12 @@ from .._caches import register_cache_clearer
 from .._split import StaticPart, clear_leaf_kinds, flatten, split
 from ._direct import check_direct_call
 from ._donate import DonateMode, silence_donation_warnings
-from ._keyed import ArraysKey, MixedKey, unpack_key
+from ._keyed import CallKey, unpack_key
+from ._memo import clear as clear_memo
 from ._outputs import filter_output
 
 __all__ = ["Compiled", "compiled_for", "fun_arrays"]
 
-_MAX_KEYS = 256
 _MAX_STATIC_ENTRIES = 256
 
 
@@ -43,42 +44,19 @@ class Compiled:
 
     `keyed(key, fun_dynamic, kept, donated)` and `direct(fun_dynamic, args,
     kwargs)` (`direct(fun_dynamic, first, rest, kwargs)` for the
-    `*-except-first` modes). `direct_ok` turns false, for good, once a call
-    needed the keyed route. `last_key` and `last_mixed_key` remember the static
-    key of the last keyed call, which the next call most likely shares.
+    `*-except-first` modes). `direct_ok` is `None` until the first call picks
+    a route (see `_api`), and turns false, for good, once a call needed the
+    keyed route. `last_call` is the static key of the last keyed call, which
+    the next call most likely shares.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "direct",
-        "direct_ok",
-        "keyed",
-        "keys",
-        "last_key",
-        "last_mixed_key",
-    )
+    __slots__ = ("__weakref__", "direct", "direct_ok", "keyed", "last_call")
 
     def __init__(self, keyed: Any, direct: Any):
         self.keyed = keyed
         self.direct = direct
-        self.direct_ok = True
-        # Never equal to the treedef of a call's arguments (see `flatten_call`).
-        self.last_key = _NO_KEY
-        self.last_mixed_key: MixedKey | None = None
-        self.keys: dict[Any, ArraysKey] = {}
-
-    def arrays_key(self, treedef: Any) -> ArraysKey:
-        """The interned key for `treedef`; becomes the one tried first."""
-        key = self.keys.get(treedef)
-        if key is None:
-            if len(self.keys) >= _MAX_KEYS:
-                self.keys.clear()
-            key = self.keys[treedef] = ArraysKey(treedef)
-        self.last_key = key
-        return key
-
-
-_NO_KEY = ArraysKey(jax.tree_util.tree_structure(None))
+        self.direct_ok: bool | None = None
+        self.last_call: CallKey | None = None
 
 
 def _new_compiled(
@@ -219,3 +197,4 @@ def _clear_jit_caches() -> None:
     with _LOCK:
         _BY_STATIC_PART.clear()
     clear_leaf_kinds()
+    clear_memo()

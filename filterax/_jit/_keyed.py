@@ -1,153 +1,266 @@
-"""The keyed route of `filter_jit`: calls whose arguments hold non-array leaves.
+"""The keyed route of `filter_jit`: a hashable static key plus the dynamic leaves.
 
-`(args, kwargs)` is flattened once, leaves are classified by type (cached per
-type, see `_split.leaf_kinds`), and the inner `jax.jit` receives one hashable
-static key (treedef, where the non-array leaves sit, and their values) plus the
-dynamic leaves (arrays, Refs, tracers) as a list.
+A call is described argument by argument, as a flat list of *tokens*:
+
+- a leaf: a dynamic marker (`ARRAY_TOKEN`, `TRACER_TOKEN`) with the leaf
+  itself among the dynamic leaves, or its type and value when static (so that
+  `1`, `1.0` and `True` are told apart, as `jax.jit` does for static
+  arguments);
+- a tuple or namedtuple: its type and length, then its items (walked, not
+  flattened, since a tuple is immutable and usually holds few items);
+- `None`: `None`;
+- anything else (a Module, a list, a dict...): its `StaticPart`, with its
+  dynamic leaves. A Module of frozen structure is flattened once and then
+  found again by identity (`_memo`), which is what makes feeding a training
+  step's outputs back in, or calling a function on one model in a loop, cheap.
+
+The tokens of a call, with the names of its keyword arguments, form the
+`CallKey` passed to the inner `jax.jit` as its static argument. A wrapper keeps
+the key of its last call and reuses it while the tokens are equal (an identity
+check per remembered object): the hash is computed once, and JAX's comparison
+on a hit is an identity check.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import compress
 from typing import Any
 
 import jax.tree_util as jtu
 
 from .._split import (
+    ARRAY,
     STATIC,
     STATIC_MASK,
-    PyTreeDef,
-    all_dynamic,
+    TRACER,
+    StaticPart,
     flatten,
-    interleave,
+    is_module_type,
+    kind_of_type,
     leaf_kinds,
 )
 from .._structure import argument_path
+from ._memo import lookup, remember
 
 __all__ = [
-    "ArraysKey",
-    "MixedKey",
+    "CallKey",
+    "describe_call",
     "first_argument_leaf_count",
-    "flatten_call",
     "raise_if_unhashable",
     "unpack_key",
 ]
 
 
-class ArraysKey:
-    """The static key of a keyed call whose leaves are all dynamic: the treedef.
+class _Token:
+    __slots__ = ("name",)
 
-    `jax.jit` hashes its static argument on every call and compares it with
-    `==` on a hit. A wrapper hands the same `ArraysKey` back while the argument
-    structure repeats, so the hash is computed once (here) and JAX's comparison
-    is an identity check.
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def __reduce__(self) -> str:
+        return self.name
+
+
+ARRAY_TOKEN = _Token("ARRAY_TOKEN")
+TRACER_TOKEN = _Token("TRACER_TOKEN")
+_DYNAMIC_TOKENS = {ARRAY: ARRAY_TOKEN, TRACER: TRACER_TOKEN}
+
+# Tuple types walked item by item: `tuple` and the namedtuple classes JAX
+# flattens into their items (a namedtuple registered as a custom node is not).
+_WALKED_TUPLES: dict[type, bool] = {tuple: True}
+
+
+def _is_walked_tuple(cls: type, value: tuple) -> bool:
+    walked = _WALKED_TUPLES.get(cls)
+    if walked is None:
+        children, treedef = jtu.tree_flatten(value, is_leaf=lambda x: x is not value)
+        walked = _WALKED_TUPLES[cls] = (
+            hasattr(cls, "_fields")
+            and treedef.node_data() == (cls, None)
+            and len(children) == len(value)
+            and all(map(lambda a, b: a is b, children, value))
+        )
+    return walked
+
+
+class CallKey(int):
+    """The static key of a keyed call: its tokens and keyword names.
+
+    An `int` whose value is the key's hash, so that `jax.jit`, which hashes
+    its static argument on every call, gets the hash from C without calling
+    into Python; on a hit, JAX's comparison of the very same key object is an
+    identity check. `first_count` caches `first_argument_leaf_count`.
     """
 
-    __slots__ = ("_hash", "first_count", "treedef")
+    tokens: list[Any]
+    names: tuple[str, ...]
+    first_count: int | None
 
-    def __init__(self, treedef: PyTreeDef):
-        self.treedef = treedef
-        self._hash = hash(treedef)
-        self.first_count: int | None = None
+    def __new__(cls, tokens: list[Any], names: tuple[str, ...]) -> CallKey:
+        key = super().__new__(cls, hash((tuple(tokens), names)))
+        key.tokens = tokens
+        key.names = names
+        key.first_count = None
+        return key
 
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return other.__class__ is ArraysKey and self.treedef == other.treedef  # type: ignore[attr-defined]
-
-
-class MixedKey:
-    """The static key of a keyed call with some non-array leaves.
-
-    `treedef` and `kinds` (bytes: comparing them is a memcmp) fix where the
-    static leaves sit. The static leaves are compared with `==`, and so are
-    their types, so that `1`, `1.0` and `True` do not share a compilation (as
-    with `jax.jit`'s own static arguments). Arrays are not in the key: `jax.jit`
-    keys on their shapes, dtypes and shardings itself.
-
-    A wrapper keeps the key of its last keyed call and reuses it while the next
-    call matches (`reuse_for`): that skips classifying every leaf, and since the
-    hash is computed once and JAX's comparison on a hit is an identity check,
-    JAX never walks the treedef either.
-    """
-
-    __slots__ = (
-        "_hash",
-        "first_count",
-        "kinds",
-        "static",
-        "static_mask",
-        "treedef",
-        "types",
-    )
-
-    def __init__(self, treedef: PyTreeDef, kinds: bytes, leaves: list[Any]):
-        self.first_count: int | None = None
-        self.treedef = treedef
-        self.kinds = kinds
-        self.static_mask = kinds.translate(STATIC_MASK)
-        self.static = tuple(compress(leaves, self.static_mask))
-        self.types = tuple(map(type, self.static))
-        self._hash = hash((treedef, kinds, self.static, self.types))
-
-    def reuse_for(self, treedef: PyTreeDef, leaves: list[Any]) -> list[Any] | None:
-        """The dynamic leaves of a call with this key, or `None` if it has another."""
-        if self.treedef != treedef:
-            return None
-        static = tuple(compress(leaves, self.static_mask))
-        if static != self.static or tuple(map(type, static)) != self.types:
-            return None
-        dynamic = list(compress(leaves, self.kinds))
-        return dynamic if all_dynamic(map(type, dynamic)) else None
-
-    def __hash__(self) -> int:
-        return self._hash
+    __hash__ = int.__hash__
 
     def __eq__(self, other: object) -> bool:
         if other is self:
             return True
         return (
-            other.__class__ is MixedKey
-            and self._hash == other._hash  # type: ignore[attr-defined]
-            and self.kinds == other.kinds  # type: ignore[attr-defined]
-            and self.static == other.static  # type: ignore[attr-defined]
-            and self.types == other.types  # type: ignore[attr-defined]
-            and self.treedef == other.treedef  # type: ignore[attr-defined]
+            other.__class__ is CallKey
+            and int(self) == int(other)  # type: ignore[call-overload]
+            and self.names == other.names  # type: ignore[attr-defined]
+            and self.tokens == other.tokens  # type: ignore[attr-defined]
         )
 
+    def __ne__(self, other: object) -> bool:
+        return not self == other
 
-def flatten_call(args: tuple, kwargs: dict) -> tuple[list[Any], PyTreeDef]:
-    """Flattens the arguments of a call: `args` alone when there are no keyword
-    arguments (one node fewer to flatten and compare), else the *list*
-    `[args, kwargs]`. The root node type, tuple or list, tells the two forms
-    apart, so their treedefs are never equal."""
+    def __repr__(self) -> str:
+        return f"CallKey({self.tokens!r}, names={self.names!r})"
+
+
+_NO_HINTS: list[Any] = []
+
+
+def describe_call(
+    args: tuple, kwargs: dict[str, Any], last: CallKey | None
+) -> tuple[list[Any], list[Any], tuple[str, ...]]:
+    """`(tokens, dynamic leaves, keyword names)` of a call. `last` is the
+    previous call's key: its parts are reused where equal, so that comparing
+    the two keys is mostly identity checks."""
+    tokens: list[Any] = []
+    dynamic: list[Any] = []
+    hints = _NO_HINTS if last is None else last.tokens
+    _describe_items(args, tokens, dynamic, hints)
+    names: tuple[str, ...] = ()
     if kwargs:
-        return flatten([args, kwargs])
-    return flatten(args)
+        names = tuple(sorted(kwargs))
+        _describe_items([kwargs[name] for name in names], tokens, dynamic, hints)
+    return tokens, dynamic, names
 
 
-def first_argument_leaf_count(key: ArraysKey | MixedKey) -> int:
-    """How many leaves the first positional argument of a call with this key
-    has (read off its treedef once, then remembered on the key)."""
+def first_argument_leaf_count(key: CallKey, args: tuple) -> int:
+    """How many dynamic leaves the first positional argument of a call with
+    this key has: the same for every such call, so worked out once."""
     count = key.first_count
     if count is None:
-        arguments = key.treedef.children()
-        if key.treedef.node_data()[0] is list:  # the `[args, kwargs]` form
-            arguments = arguments[0].children()
-        count = key.first_count = arguments[0].num_leaves if arguments else 0
+        count = key.first_count = len(describe_call(args[:1], {}, None)[1])
     return count
 
 
-def unpack_key(key: Any, dynamic: list[Any]) -> tuple[tuple, dict]:
+def _describe_items(
+    values: Sequence[Any], tokens: list[Any], dynamic: list[Any], hints: list
+) -> None:
+    # Arrays and remembered Modules are handled here, without a call: they are
+    # the most common items, and this is the hot path of every keyed call.
+    for value in values:
+        kind = kind_of_type(type(value))
+        if kind:
+            tokens.append(_DYNAMIC_TOKENS[kind])
+            dynamic.append(value)
+            continue
+        entry = lookup(id(value))
+        if entry is not None and entry() is value:
+            tokens.append(entry.part)
+            dynamic += entry.dynamic
+        else:
+            _describe(value, tokens, dynamic, hints)
+
+
+def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list) -> None:
+    cls = type(value)
+    kind = kind_of_type(cls)
+    if kind is not None:
+        if kind:
+            tokens.append(_DYNAMIC_TOKENS[kind])
+            dynamic.append(value)
+        else:
+            tokens.append(cls)
+            tokens.append(value)
+        return
+    if value is None:
+        tokens.append(None)
+        return
+    if issubclass(cls, tuple) and _is_walked_tuple(cls, value):
+        tokens.append(cls)
+        tokens.append(len(value))
+        _describe_items(value, tokens, dynamic, hints)
+        return
+    entry = lookup(id(value))
+    if entry is not None and entry() is value:
+        tokens.append(entry.part)
+        dynamic += entry.dynamic
+        return
+    leaves, treedef = flatten(value)
+    kinds = leaf_kinds(leaves)
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+        # A leaf of a type not seen before: `leaf_kinds` now knows it.
+        _describe(value, tokens, dynamic, hints)
+        return
+    part = StaticPart(
+        treedef, kinds, tuple(compress(leaves, kinds.translate(STATIC_MASK)))
+    )
+    position = len(tokens)
+    hint = hints[position] if position < len(hints) else None
+    if isinstance(hint, StaticPart) and hint == part:
+        part = hint  # its facts (hash, `frozen`, interned) are worked out
+    values = list(compress(leaves, kinds))
+    if is_module_type(cls) and TRACER not in kinds and part.frozen():
+        if part is not hint:
+            part = part.interned()
+        remember(value, part, values)
+    tokens.append(part)
+    dynamic += values
+
+
+def unpack_key(key: CallKey, dynamic: Sequence[Any]) -> tuple[tuple, dict[str, Any]]:
     """Inside the trace: `(args, kwargs)` from a key and the traced leaves."""
-    if key.__class__ is ArraysKey:
-        call = key.treedef.unflatten(dynamic)
-    else:
-        call = key.treedef.unflatten(interleave(key.kinds, dynamic, key.static))
-    if call.__class__ is list:
-        return call[0], call[1]
-    return call, {}
+    reader = _Reader(key.tokens, dynamic)
+    values = []
+    while reader.token < len(key.tokens):
+        values.append(reader.value())
+    n_positional = len(values) - len(key.names)
+    return tuple(values[:n_positional]), dict(zip(key.names, values[n_positional:]))
+
+
+class _Reader:
+    """Rebuilds values from tokens and dynamic leaves, in order."""
+
+    def __init__(self, tokens: list[Any], dynamic: Sequence[Any]):
+        self.tokens = tokens
+        self.dynamic = dynamic
+        self.token = 0
+        self.leaf = 0
+
+    def _next_token(self) -> Any:
+        token = self.tokens[self.token]
+        self.token += 1
+        return token
+
+    def _next_leaves(self, count: int) -> list[Any]:
+        leaves = list(self.dynamic[self.leaf : self.leaf + count])
+        self.leaf += count
+        return leaves
+
+    def value(self) -> Any:
+        token = self._next_token()
+        if token is None:
+            return None
+        if token is ARRAY_TOKEN or token is TRACER_TOKEN:
+            return self._next_leaves(1)[0]
+        if token.__class__ is StaticPart:
+            return token.merge(self._next_leaves(token.num_dynamic))
+        if _WALKED_TUPLES.get(token, False):
+            items = [self.value() for _ in range(self._next_token())]
+            return tuple(items) if token is tuple else token(*items)
+        return self._next_token()  # a static leaf: its type, then its value
 
 
 def raise_if_unhashable(args: tuple, kwargs: dict) -> None:

@@ -1,9 +1,12 @@
 """What leaves a `filter_jit` trace: arrays, and everything else in the treedef.
 
 Inside the trace, `filter_output` returns the output itself when every leaf is
-an array (JAX rebuilds it in C++), and otherwise a `MixedOutput`: the array
-leaves as its children, and the output's `StaticPart` (treedef, where the arrays
-sit, the other leaves) as static node data.
+an array and no node is a Module (JAX rebuilds it in C++), and otherwise a
+`MixedOutput`: the array leaves as its children, and the output's `StaticPart`
+(treedef, where the arrays sit, the other leaves) as static node data. Its
+Modules are rebuilt by a generated builder (`_rebuild`), cheaper than JAX's
+unflatten, and remembered by identity (`_memo`), so that passing them back in
+costs no flattening.
 
 JAX refuses to return a `jax.Ref` from a compiled function. A Ref in the output
 that came in as an argument is replaced by an `InputRef` marker naming its
@@ -29,6 +32,7 @@ from .._split import (
     leaf_kinds,
     mark_input_refs,
 )
+from ._memo import remember_outputs
 
 __all__ = ["MixedOutput", "filter_output"]
 
@@ -45,7 +49,9 @@ class MixedOutput:
     def rebuild(self, inputs: Callable[[], Sequence[Any]]) -> Any:
         """The output; `inputs()` gives the flattened traced inputs of the call,
         needed only when the output returns input Refs."""
-        return self.static.merge_restoring_refs(self.arrays, inputs)
+        out = self.static.merge_restoring_refs(self.arrays, inputs)
+        remember_outputs(out, self.static, self.arrays)
+        return out
 
 
 jtu.register_pytree_node(
@@ -64,9 +70,8 @@ def filter_output(out: Any, traced_inputs: Callable[[], Sequence[Any]]) -> Any:
     if TRACER in kinds and any(map(is_ref, leaves)):
         leaves = mark_input_refs(leaves, traced_inputs(), "filter_jit")
         kinds = leaf_kinds(leaves)
-    if STATIC not in kinds:
-        return out
     static = tuple(compress(leaves, kinds.translate(STATIC_MASK)))
-    return MixedOutput(
-        list(compress(leaves, kinds)), StaticPart(treedef, kinds, static)
-    )
+    part = StaticPart(treedef, kinds, static)
+    if STATIC not in kinds and not part.module_parts():
+        return out
+    return MixedOutput(list(compress(leaves, kinds)), part)

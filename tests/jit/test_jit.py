@@ -435,18 +435,31 @@ def test_nested_call_after_a_top_level_call_gives_the_same_result():
 
 def test_calls_of_arrays_keep_the_fast_path():
     # Implementation detail guarded here because dispatch speed depends on it:
-    # all-array calls go to JAX as they are, without a static key.
+    # all-array calls without Modules go to JAX as they are, without a static
+    # key; calls passing Modules take the keyed route, where a Module is
+    # flattened once and then found by identity.
     @fx.filter_jit
-    def f(model, x, scale=1.0):
-        return model(x) * scale
+    def f(params, x, scale=1.0):
+        return params["w"] @ x * scale
+
+    params = {"w": jnp.eye(3)}
+    for _ in range(3):
+        f(params, np.ones(3, np.float32))
+    assert f.compiled.direct_ok
+    f(params, jnp.ones(3), 2.0)  # a Python scalar: now on the keyed path
+    assert not f.compiled.direct_ok
+    np.testing.assert_allclose(f(params, jnp.ones(3)), jnp.ones(3))
+
+    @fx.filter_jit
+    def g(model, x):
+        return model(x)
 
     model = make_linear()
-    for _ in range(3):
-        f(model, np.ones(3, np.float32))
-    assert f.compiled.direct_ok
-    f(model, jnp.ones(3), 2.0)  # a Python scalar: now on the keyed path
-    assert not f.compiled.direct_ok
-    np.testing.assert_allclose(f(model, jnp.ones(3)), model(jnp.ones(3)))
+    g(model, jnp.ones(3))
+    assert g.compiled.direct_ok is False
+    key = g.compiled.last_call
+    g(model, jnp.ones(3))
+    assert g.compiled.last_call is key
 
 
 def test_nested_calls_return_python_outputs_inside_a_trace():
