@@ -39,7 +39,6 @@ __all__ = [
     "mark_input_refs",
     "STATIC_MASK",
     "FROZEN_NODE_TYPES",
-    "all_dynamic",
     "clear_leaf_kinds",
     "flatten",
     "STATIC",
@@ -54,6 +53,7 @@ __all__ = [
     "leaf_kinds",
     "shape_signature",
     "split",
+    "split_leaves",
 ]
 
 # JAX's treedef class, bound as a plain variable in its own module: type
@@ -83,10 +83,6 @@ _KIND_BY_TYPE: dict[type, int] = {}
 _kind_by_type = _KIND_BY_TYPE.__getitem__
 # The kind of a leaf type seen before, else `None` (for node types too).
 kind_of_type = _KIND_BY_TYPE.get
-# The dynamic types seen so far (arrays, Refs, tracers): `issuperset(map(type,
-# leaves))` runs entirely in C and stops at the first other type.
-_DYNAMIC_TYPES: set[type] = set()
-all_dynamic = _DYNAMIC_TYPES.issuperset
 
 # A `bytes.translate` table over a kinds mask: 1 where the leaf is static.
 STATIC_MASK = bytes.maketrans(b"\x00\x01\x02", b"\x01\x00\x00")
@@ -130,14 +126,11 @@ def leaf_kinds(leaves: Sequence[Any]) -> bytes:
             if leaf_type not in _KIND_BY_TYPE:
                 kind = _kind_of(leaf)
                 _KIND_BY_TYPE[leaf_type] = kind
-                if kind != STATIC:
-                    _DYNAMIC_TYPES.add(leaf_type)
         return bytes(map(_kind_by_type, map(type, leaves)))
 
 
 def clear_leaf_kinds() -> None:
     _KIND_BY_TYPE.clear()
-    _DYNAMIC_TYPES.clear()
 
 
 def interleave(mask: bytes, dynamic: Iterable[Any], static: Iterable[Any]) -> list:
@@ -322,6 +315,12 @@ def is_module_type(cls: type) -> bool:
     return plan is not None and plan.registered
 
 
+def _is_namedtuple_node(cls: type, aux: Any) -> bool:
+    """Whether a treedef node of type `cls` and node data `aux` is JAX's own
+    namedtuple node (children: the items, in order)."""
+    return issubclass(cls, tuple) and hasattr(cls, "_fields") and aux is None
+
+
 def _frozen_nodes(treedef: PyTreeDef) -> bool:
     data = treedef.node_data()
     if data is None:
@@ -332,7 +331,7 @@ def _frozen_nodes(treedef: PyTreeDef) -> bool:
         or cls is type(None)
         or cls in FROZEN_NODE_TYPES
         or is_module_type(cls)
-        or (issubclass(cls, tuple) and hasattr(cls, "_fields"))
+        or _is_namedtuple_node(cls, data[1])
     ):
         return False
     return all(map(_frozen_nodes, treedef.children()))
@@ -362,7 +361,7 @@ def _find_module_parts(
         return
     if cls is dict:
         keys: Sequence[Any] = aux
-    elif cls is list or cls is tuple or (issubclass(cls, tuple) and aux is None):
+    elif cls is list or cls is tuple or _is_namedtuple_node(cls, aux):
         keys = range(len(treedef.children()))
     else:  # another node type: how to reach its children is not known here
         return
@@ -391,7 +390,14 @@ def split(
         leaves, treedef = flatten(tree)
     else:
         leaves, treedef = jtu.tree_flatten(tree, is_leaf=is_leaf)
-    mask = bytes(map(bool, map(is_dynamic, leaves)))
+    return split_leaves(leaves, treedef, bytes(map(bool, map(is_dynamic, leaves))))
+
+
+def split_leaves(
+    leaves: Sequence[Any], treedef: PyTreeDef, mask: bytes
+) -> tuple[list[Any], StaticPart]:
+    """`split`, for leaves already flattened and classified: `mask` (or a kinds
+    mask from `leaf_kinds`) is non-zero where a leaf is dynamic."""
     static = tuple(compress(leaves, mask.translate(STATIC_MASK)))
     return list(compress(leaves, mask)), StaticPart(treedef, mask, static)
 

@@ -24,7 +24,6 @@ on a hit is an identity check.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import compress
 from typing import Any
 
 import jax.tree_util as jtu
@@ -32,13 +31,13 @@ import jax.tree_util as jtu
 from .._split import (
     ARRAY,
     STATIC,
-    STATIC_MASK,
     TRACER,
     StaticPart,
     flatten,
     is_module_type,
     kind_of_type,
     leaf_kinds,
+    split_leaves,
 )
 from .._structure import argument_path
 from ._memo import lookup, remember
@@ -204,14 +203,11 @@ def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list) ->
         # A leaf of a type not seen before: `leaf_kinds` now knows it.
         _describe(value, tokens, dynamic, hints)
         return
-    part = StaticPart(
-        treedef, kinds, tuple(compress(leaves, kinds.translate(STATIC_MASK)))
-    )
+    values, part = split_leaves(leaves, treedef, kinds)
     position = len(tokens)
     hint = hints[position] if position < len(hints) else None
     if isinstance(hint, StaticPart) and hint == part:
         part = hint  # its facts (hash, `frozen`, interned) are worked out
-    values = list(compress(leaves, kinds))
     if is_module_type(cls) and TRACER not in kinds and part.frozen():
         if part is not hint:
             part = part.interned()

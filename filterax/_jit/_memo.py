@@ -73,17 +73,7 @@ def remember_outputs(out: Any, static: StaticPart, arrays: list[Any]) -> None:
     if static.holds_input_refs():
         return
     for module in modules:
-        obj = out
-        for key in module.path:
-            obj = obj[key]
-        try:
-            entry = _Entry(obj, _drop)
-        except TypeError:
-            continue
-        entry.part = module.part
-        entry.dynamic = arrays[module.dynamic_range]
-        entry.key = key = id(obj)
-        _ENTRIES[key] = entry
+        remember(module.find(out), module.part, arrays[module.dynamic_range])
 
 
 def clear() -> None:

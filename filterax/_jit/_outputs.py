@@ -17,7 +17,6 @@ object that went in back in its place.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import compress
 from typing import Any
 
 import jax.tree_util as jtu
@@ -25,12 +24,12 @@ import jax.tree_util as jtu
 from .._filters import is_ref
 from .._split import (
     STATIC,
-    STATIC_MASK,
     TRACER,
     StaticPart,
     flatten,
     leaf_kinds,
     mark_input_refs,
+    split_leaves,
 )
 from ._memo import remember_outputs
 
@@ -70,8 +69,7 @@ def filter_output(out: Any, traced_inputs: Callable[[], Sequence[Any]]) -> Any:
     if TRACER in kinds and any(map(is_ref, leaves)):
         leaves = mark_input_refs(leaves, traced_inputs(), "filter_jit")
         kinds = leaf_kinds(leaves)
-    static = tuple(compress(leaves, kinds.translate(STATIC_MASK)))
-    part = StaticPart(treedef, kinds, static)
+    arrays, part = split_leaves(leaves, treedef, kinds)
     if STATIC not in kinds and not part.module_parts():
         return out
-    return MixedOutput(list(compress(leaves, kinds)), part)
+    return MixedOutput(arrays, part)
