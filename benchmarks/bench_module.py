@@ -112,7 +112,11 @@ def trees() -> dict[str, tuple[list[Any], list[Any]]]:
             [CheckInit(weight, bias, 1.0) for _ in range(100)],
             registered,
         ),
-        "a custom __init__": ([CustomInit(4, 1.0) for _ in range(100)], registered),
+        # Each instance makes its own arrays: the reference holds the same ones.
+        "a custom __init__": (
+            custom := [CustomInit(4, 1.0) for _ in range(100)],
+            [Registered(m.weight, m.bias, m.scale) for m in custom],
+        ),
     }
 
 

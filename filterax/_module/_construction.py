@@ -25,6 +25,11 @@ decided when the class is registered (see `ClassPlan.register`):
 - Anything else is registered with one extra meta field, `__class__`, whose
   value is the class itself: finding it among the keyword arguments is how
   `__init__` recognises an unflatten.
+
+Both generated and wrapping `__init__`s take the fields (and `__class__`) as
+named parameters rather than through `**kwargs`: binding keywords to named
+parameters builds no dictionary, which keeps an unflatten within the cost of
+a registered dataclass's.
 """
 
 from __future__ import annotations
@@ -57,6 +62,18 @@ __all__ = [
 ]
 
 _UNFLATTEN_FIELD = "__class__"
+
+
+class _Unset:
+    """Default of the parameters that only JAX's unflatten call passes."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET = _Unset()
 _REGISTRATION_LOCK = threading.Lock()
 
 # Instances whose `__init__` (or `__post_init__`) is running, by `id`: only these
@@ -100,6 +117,7 @@ class ClassPlan:
         "defaults",
         "field_count",
         "field_names",
+        "field_order",
         "generated_init",
         "meta_fields",
         "plain",
@@ -113,6 +131,7 @@ class ClassPlan:
         self.data_fields = [f.name for f in fields if not f.metadata.get("static")]
         self.meta_fields = [f.name for f in fields if f.metadata.get("static")]
         self.field_names = frozenset(f.name for f in fields)
+        self.field_order = tuple(f.name for f in fields)
         self.field_count = len(self.field_names)
         self.converters = tuple(
             (f.name, f.metadata["converter"])
@@ -137,6 +156,12 @@ class ClassPlan:
             or self.check_inits
             or self.converters
             or any(not f.init for f in fields)
+            # JAX's unflatten passes no InitVar: the generated `__init__` must
+            # recognise it to accept the call.
+            or any(
+                _is_init_var(f.type)
+                for f in cls.__dataclass_fields__.values()  # type: ignore[attr-defined]
+            )
         )
         self.generated_init: Callable[..., None] | None = None
         self.registered = False
@@ -161,11 +186,6 @@ class ClassPlan:
                     and not _accepts_every_field_by_keyword(init, self.field_names)
                 )
             )
-            if not self.uses_marker:
-                # The keyword names of JAX's unflatten call (every field,
-                # nothing else), read by the custom-`__init__` wrapper on every
-                # unflatten: a class attribute is one lookup.
-                type.__setattr__(cls, "__filterax_unflatten_keys__", self.field_names)
             marker = [_UNFLATTEN_FIELD] if self.uses_marker else []
             register_dataclass_node(cls, self.data_fields, [*self.meta_fields, *marker])
             self.registered = True
@@ -392,7 +412,7 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
     the post-init steps; faster than a frozen dataclass's.
 
     Non-plain classes also accept the unflatten call (`__class__=cls` plus every
-    field by keyword) through `**unflatten`, and then only store the fields.
+    field by keyword), and then only store the fields (see `_unflatten_entry`).
     """
     names = plan.field_names
     entries = [
@@ -456,35 +476,28 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
         # idempotent, so running them on JAX's unflatten too is harmless.
         # Written out per field: they also run on every unflatten, where a
         # `map` over `__dict__` would cost more than storing the fields.
+        # (A plain class has no InitVar and no `init=False` field: every field
+        # is a parameter, read here as a local.)
         body += [
-            f"if type(_fx_d[{name!r}]) not in _fx_hashable: "
-            f"_fx_check_static(_fx_cls, {name!r}, _fx_d[{name!r}])"
+            f"if type({name}) not in _fx_hashable: "
+            f"_fx_check_static(_fx_cls, {name!r}, {name})"
             for name in plan.meta_fields
         ]
-        stored = [f.name for f in entries if not _is_init_var(f.type)]
-        if stored:
+        if plan.field_order:
             suspect = " or ".join(
-                f"type(_fx_d[{name!r}]) in _fx_suspect" for name in stored
+                f"type({name}) in _fx_suspect" for name in plan.field_order
             )
             body.append(f"if {suspect}: _fx_warn_transformed(self)")
     params = ["self", *positional]
     if keyword:
         params += ["*", *keyword]
-    init_names = [*positional, *keyword]
     lines = ["if not _fx_plan.registered: _fx_plan.register(_fx_cls)"]
+    unflatten_only: frozenset[str] = frozenset()
     if not plan.plain:
-        params.append("**_fx_unflatten")
-        stores = "; ".join(f"_fx_d[{n!r}] = {n}" for n in init_names)
-        lines += [
-            "if _fx_unflatten:",
-            f"  if _fx_unflatten.pop({_UNFLATTEN_FIELD!r}, None) is not _fx_cls:",
-            "    raise TypeError(f'{_fx_cls.__qualname__}.__init__() got an unexpected "
-            "keyword argument {next(iter(_fx_unflatten))!r}')",
-            "  _fx_d = self.__dict__",
-            *([f"  {stores}"] if stores else []),
-            "  _fx_d.update(_fx_unflatten)",
-            "  return",
-        ]
+        closure["_fx_unset"] = _UNSET
+        unflatten_only = _unflatten_entry(
+            plan, entries, params, keyword, lines, defaults
+        )
         if plan.abstract_error is not None:
             lines.append(
                 "if type(self) is _fx_cls: raise TypeError(_fx_plan.abstract_error)"
@@ -514,13 +527,80 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
     exec(source, module_globals, namespace)  # noqa: S102
     init = namespace["_build"](**closure)
     init.__defaults__ = tuple(defaults[n] for n in positional if n in defaults) or None
-    init.__kwdefaults__ = {n: defaults[n] for n in keyword if n in defaults} or None
+    init.__kwdefaults__ = {
+        n: value for n, value in defaults.items() if n not in positional
+    } or None
     init.__annotations__ = {**annotations, "return": None}
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
     init.__doc__ = _inherited_init_doc(cls)
+    if unflatten_only:
+        init.__signature__ = _public_signature(init, unflatten_only)  # type: ignore[attr-defined]
     plan.generated_init = init
     return init
+
+
+def _unflatten_entry(
+    plan: ClassPlan,
+    entries: list[dataclasses.Field],
+    params: list[str],
+    keyword: list[str],
+    lines: list[str],
+    defaults: dict[str, Any],
+) -> frozenset[str]:
+    """Makes a non-plain generated `__init__` accept JAX's unflatten call, which
+    passes every field and `__class__=cls` by keyword, and only store the
+    fields then. Extends `params`, `lines` and `defaults` in place; returns the
+    parameters that only the unflatten call passes."""
+    # Keyword-only parameters for what the unflatten call passes beyond the
+    # public signature: the marker, and the fields `__init__` does not take.
+    not_init = [f.name for f in entries if not f.init]
+    if not keyword:
+        params.append("*")
+    params += [_UNFLATTEN_FIELD, *not_init]
+    for name in [_UNFLATTEN_FIELD, *not_init]:
+        defaults[name] = _UNSET
+    stores = "; ".join(f"_fx_d[{n!r}] = {n}" for n in plan.field_order)
+    lines += [
+        f"if {_UNFLATTEN_FIELD} is _fx_cls:",
+        f"  _fx_d = self.__dict__{'; ' if stores else ''}{stores}",
+        "  return",
+    ]
+    for name in [_UNFLATTEN_FIELD, *not_init]:
+        lines.append(
+            f"if {name} is not _fx_unset: raise TypeError("
+            f'f"{{_fx_cls.__qualname__}}.__init__() got an unexpected keyword '
+            f'argument {name!r}")'
+        )
+    # The unflatten call passes no InitVar: required parameters get a hidden
+    # default, and their absence in an ordinary call is reported here.
+    if any(_is_init_var(f.type) for f in entries):
+        for f in entries:
+            if f.init and f.name not in defaults:
+                defaults[f.name] = _UNSET
+                lines.append(
+                    f"if {f.name} is _fx_unset: raise TypeError("
+                    f'f"{{_fx_cls.__qualname__}}.__init__() missing required '
+                    f'argument: {f.name!r}")'
+                )
+    return frozenset([_UNFLATTEN_FIELD, *not_init])
+
+
+def _public_signature(
+    init: Callable[..., None], removed: frozenset[str]
+) -> inspect.Signature:
+    """The signature of a generated `__init__` as users call it: without the
+    parameters only JAX's unflatten passes (`removed`), and with the hidden
+    defaults of required parameters taken off."""
+    signature = inspect.signature(init)
+    parameters = []
+    for parameter in signature.parameters.values():
+        if parameter.default is _UNSET:
+            if parameter.name in removed:
+                continue
+            parameter = parameter.replace(default=inspect.Parameter.empty)
+        parameters.append(parameter)
+    return signature.replace(parameters=parameters)
 
 
 # --- custom __init__ ----------------------------------------------------------------------
@@ -539,41 +619,70 @@ def _store_unflattened(self: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
     return True
 
 
-def wrap_custom_init(user_init: Callable[..., None]) -> Callable[..., None]:
-    """Wraps a user-written `__init__` (or one inherited from a non-Module base):
-    allows `self.name = value` while it runs, then runs the post-init steps of
-    the instance's class. Nested calls (`super().__init__(...)`) just run."""
+def wrap_custom_init(
+    user_init: Callable[..., None], cls: type, plan: ClassPlan
+) -> Callable[..., None]:
+    """Wraps a user-written `__init__` (or one inherited) for `cls`: allows
+    `self.name = value` while it runs, then runs the post-init steps of the
+    instance's class. Nested calls (`super().__init__(...)`) just run.
 
-    @functools.wraps(user_init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if kwargs:
-            # JAX's unflatten, inlined from `_store_unflattened`: this wrapper
-            # runs on every unflatten of a Module with a custom __init__.
-            if kwargs.keys() == type(self).__filterax_unflatten_keys__ and not args:
-                _object_setattr(self, "__dict__", kwargs)
-                return
-            if type(self).__filterax_plan__.uses_marker and _store_unflattened(
-                self, args, kwargs
-            ):
-                return
-        key = id(self)
-        if key in _INITIALISING:
-            user_init(self, *args, **kwargs)
-            return
-        plan = type(self).__filterax_plan__
-        if not plan.registered:
-            plan.register(type(self))
-        if plan.abstract_error is not None:
-            raise TypeError(plan.abstract_error)
-        _INITIALISING.add(key)
-        try:
-            user_init(self, *args, **kwargs)
-        finally:
-            _INITIALISING.discard(key)
-        plan.finish(self)
-
-    __init__.__filterax_custom_init__ = True  # type: ignore[attr-defined]
-    return __init__
+    The wrapper is generated per class, with the fields and `__class__` as
+    keyword-only parameters: JAX's unflatten call (every field by keyword,
+    plus `__class__=cls` for a class registered with the marker) binds to
+    them without building a dictionary, and only stores the fields. In any
+    other call, the keywords they caught go back to the user's `__init__`.
+    """
+    names = plan.field_order
+    caught = [*names, _UNFLATTEN_FIELD]
+    every_field = "".join(f"{name} is not _fx_unset and " for name in names)
+    stores = "".join(f"; _fx_d[{name!r}] = {name}" for name in names)
+    lines = [
+        f"if {every_field}not _fx_args and not _fx_kwargs and "
+        "type(_fx_self) is _fx_cls and (",
+        f"  {_UNFLATTEN_FIELD} is _fx_cls if _fx_plan.uses_marker "
+        f"else {_UNFLATTEN_FIELD} is _fx_unset",
+        "):",
+        f"  _fx_d = _fx_self.__dict__{stores}",
+        "  return",
+        *(
+            f"if {name} is not _fx_unset: _fx_kwargs[{name!r}] = {name}"
+            for name in caught
+        ),
+        "_fx_key = id(_fx_self)",
+        "if _fx_key in _fx_initialising:",
+        "  _fx_user_init(_fx_self, *_fx_args, **_fx_kwargs)",
+        "  return",
+        "_fx_own_plan = type(_fx_self).__filterax_plan__",
+        "if not _fx_own_plan.registered: _fx_own_plan.register(type(_fx_self))",
+        "if _fx_own_plan.abstract_error is not None:",
+        "  raise TypeError(_fx_own_plan.abstract_error)",
+        "_fx_initialising.add(_fx_key)",
+        "try: _fx_user_init(_fx_self, *_fx_args, **_fx_kwargs)",
+        "finally: _fx_initialising.discard(_fx_key)",
+        "_fx_own_plan.finish(_fx_self)",
+    ]
+    closure = {
+        "_fx_user_init": user_init,
+        "_fx_cls": cls,
+        "_fx_plan": plan,
+        "_fx_unset": _UNSET,
+        "_fx_initialising": _INITIALISING,
+    }
+    params = ", ".join(["_fx_self", "/", "*_fx_args", *caught, "**_fx_kwargs"])
+    source = (
+        f"def _build({', '.join(closure)}):\n"
+        f" def __init__({params}):\n"
+        + "\n".join(f"  {line}" for line in lines)
+        + "\n return __init__\n"
+    )
+    namespace: dict[str, Any] = {}
+    exec(source, {}, namespace)  # noqa: S102
+    init = namespace["_build"](**closure)
+    init.__kwdefaults__ = dict.fromkeys(caught, _UNSET)
+    functools.update_wrapper(init, user_init)
+    init.__filterax_custom_init__ = True
+    init.__filterax_user_init__ = user_init
+    return init
 
 
 def guard_replaced_init(

@@ -105,20 +105,13 @@ class _ModuleMeta(abc.ABCMeta):
             cls, custom_init, abstract_error(cls, abstract_vars, abstract_class_vars)
         )
         set_attribute("__filterax_plan__", plan)
-        # Set per class, never inherited: see `ClassPlan.register`.
-        set_attribute("__filterax_unflatten_keys__", None)
-        if "__init__" in namespace:
-            own_init = namespace["__init__"]
-            if not getattr(own_init, "__filterax_custom_init__", False):
-                # (An already wrapped one is a base's, restated with
-                # `__init__ = Base.__init__` so that type checkers see it.)
-                own_init = wrap_custom_init(own_init)
-            set_attribute("__init__", own_init)
-        elif inherited is not None and custom_init:
-            if not getattr(inherited, "__filterax_custom_init__", False):
-                # Inherited from a base that is not a Module: wrapped here, so
-                # that it may assign fields and is followed by the checks.
-                set_attribute("__init__", wrap_custom_init(inherited))
+        user_init = namespace.get("__init__", inherited)
+        if user_init is not None and custom_init:
+            # Wrapped per class, as the wrapper knows the class's fields. An
+            # already wrapped one is a base's, inherited or restated with
+            # `__init__ = Base.__init__` so that type checkers see it.
+            user_init = getattr(user_init, "__filterax_user_init__", user_init)
+            set_attribute("__init__", wrap_custom_init(user_init, cls, plan))
         else:
             init = make_generated_init(cls, plan)
             init.__filterax_generated_init__ = True  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import gc
+import inspect
 import pickle
 import threading
 import warnings
@@ -859,6 +860,83 @@ def test_a_restated_base_init_is_the_base_init_and_runs_once() -> None:
     child = Child(3)
     assert (child.size, child.doubled) == (3, 6)
     assert calls == [3, "checked"]
-    assert Child.__init__ is Base.__init__
+    # The same user function, wrapped for each class's own fields.
+    assert Child.__init__.__wrapped__ is Base.__init__.__wrapped__
     leaves, treedef = jax.tree_util.tree_flatten(child)
     assert jax.tree_util.tree_unflatten(treedef, leaves) == child
+
+
+def test_a_class_with_an_init_var_unflattens_without_it():
+    seen = []
+
+    class Scaled(fx.Module):
+        value: jax.Array
+        factor: dataclasses.InitVar[float]
+        offset: float = fx.field(init=False, default=0.5)
+
+        def __post_init__(self, factor: float) -> None:
+            seen.append(factor)
+            self.value = self.value * factor
+
+    model = Scaled(jnp.ones(2), 3.0)
+    rebuilt = jtu.tree_map(lambda x: x + 1, model)
+    assert seen == [3.0]  # the unflatten ran no __post_init__
+    assert rebuilt.offset == 1.5 and (rebuilt.value == 4.0).all()
+    with pytest.raises(TypeError, match="missing required argument: 'factor'"):
+        Scaled(jnp.ones(2))
+
+
+def test_generated_init_signature_shows_only_what_users_pass():
+    class Checked(fx.Module):
+        value: jax.Array
+        factor: dataclasses.InitVar[float]
+        kept: int = fx.field(init=False, default=1)
+
+        def __post_init__(self, factor: float) -> None:
+            pass
+
+    assert list(inspect.signature(Checked).parameters) == ["value", "factor"]
+    assert all(
+        p.default is inspect.Parameter.empty
+        for p in inspect.signature(Checked).parameters.values()
+    )
+    with pytest.raises(TypeError, match="unexpected keyword argument 'kept'"):
+        Checked(jnp.ones(2), 1.0, kept=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument '__class__'"):
+        Checked(jnp.ones(2), 1.0, __class__=int)
+
+
+def test_custom_init_receives_field_named_keywords_it_takes():
+    class Layer(fx.Module):
+        weight: jax.Array
+        bias: jax.Array
+
+        def __init__(self, weight, *, scale=1.0, **extra):
+            self.weight = weight * scale
+            self.bias = jnp.asarray(sorted(extra))
+
+    layer = Layer(weight=jnp.ones(2), scale=2.0)
+    assert (layer.weight == 2.0).all() and layer.bias.shape == (0,)
+    with pytest.raises(TypeError):
+        Layer(jnp.ones(2), bias=jnp.ones(2), weight=jnp.ones(2))
+    assert list(inspect.signature(Layer).parameters) == ["weight", "scale", "extra"]
+
+
+def test_an_inherited_custom_init_fills_and_unflattens_a_subclass_s_own_fields():
+    calls = []
+
+    class Base(fx.Module):
+        size: int
+
+        def __init__(self, size):
+            calls.append(size)
+            self.size = size
+
+    class Child(Base):
+        extra: int = 7
+
+    child = Child(2)
+    assert (child.size, child.extra) == (2, 7)
+    rebuilt = jtu.tree_map(lambda x: x * 10, child)
+    assert (rebuilt.size, rebuilt.extra) == (20, 70) and calls == [2]
+    assert type(rebuilt) is Child
