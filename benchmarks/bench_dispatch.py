@@ -30,12 +30,19 @@ with `time.thread_time`, the CPU time of the calling thread only: on a small
 machine where XLA's threads compete with Python for the cores, that isolates
 the dispatching thread's work (Python and JAX's C++ dispatch) from the noise.
 
-Run: `python benchmarks/bench_dispatch.py [--rounds R] [--calls C] [--clock C]`.
+`--gc off` pauses Python's garbage collector during the timed rounds (both
+sides alike): what remains is the work of the call itself, without the
+collections that the objects a call creates (returned Modules, arrays) bring
+on.
+
+Run: `python benchmarks/bench_dispatch.py [--rounds R] [--calls C] [--clock C]
+[--gc on|off]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -209,10 +216,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    parser.add_argument("--gc", choices=["on", "off"], default="on")
     options = parser.parse_args()
     print(
-        f"jax {jax.__version__}, backend {jax.default_backend()}, clock {options.clock}"
+        f"jax {jax.__version__}, backend {jax.default_backend()}, "
+        f"clock {options.clock}, gc {options.gc}"
     )
+    if options.gc == "off":
+        gc.collect()
+        gc.disable()
     for n_arrays in (10, 64, 204):
         bench(n_arrays, options.rounds, options.calls, CLOCKS[options.clock])
 
