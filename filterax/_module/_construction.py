@@ -81,7 +81,6 @@ _REGISTRATION_LOCK = threading.Lock()
 _INITIALISING: set[int] = set()
 
 _warned_static_arrays: set[tuple[type, str]] = set()
-_object_setattr = object.__setattr__
 _MISSING = dataclasses.MISSING
 
 
