@@ -100,6 +100,14 @@ class CustomInit(fx.Module):
 def trees() -> dict[str, tuple[list[Any], list[Any]]]:
     weight, bias = jnp.ones((4, 4)), jnp.zeros(4)
     registered = [Registered(weight, bias, 1.0) for _ in range(100)]
+    # Each custom-`__init__` instance makes its own arrays: the reference holds
+    # the same ones, its instances made in the same order (so that both sides'
+    # objects lie alike in memory).
+    custom, custom_reference = [], []
+    for _ in range(100):
+        custom.append(CustomInit(4, 1.0))
+        layer = custom[-1]
+        custom_reference.append(Registered(layer.weight, layer.bias, layer.scale))
     static_ref = [RegisteredStatic(weight, bias, 1.0) for _ in range(100)]
     return {
         "plain fields": ([Plain(weight, bias, 1.0) for _ in range(100)], registered),
@@ -112,11 +120,7 @@ def trees() -> dict[str, tuple[list[Any], list[Any]]]:
             [CheckInit(weight, bias, 1.0) for _ in range(100)],
             registered,
         ),
-        # Each instance makes its own arrays: the reference holds the same ones.
-        "a custom __init__": (
-            custom := [CustomInit(4, 1.0) for _ in range(100)],
-            [Registered(m.weight, m.bias, m.scale) for m in custom],
-        ),
+        "a custom __init__": (custom, custom_reference),
     }
 
 
