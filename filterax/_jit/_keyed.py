@@ -157,13 +157,20 @@ def first_argument_leaf_count(key: CallKey, args: tuple) -> int:
 def _describe_items(
     values: Sequence[Any], tokens: list[Any], dynamic: list[Any], hints: list
 ) -> None:
-    # Arrays and remembered Modules are handled here, without a call: they are
-    # the most common items, and this is the hot path of every keyed call.
+    # Arrays, tuples and remembered Modules are handled here, without a call:
+    # they are the most common items (an optimiser state is a tuple of
+    # namedtuples), and this is the hot path of every keyed call.
     for value in values:
-        kind = kind_of_type(type(value))
+        cls = type(value)
+        kind = kind_of_type(cls)
         if kind:
             tokens.append(_DYNAMIC_TOKENS[kind])
             dynamic.append(value)
+            continue
+        if _WALKED_TUPLES.get(cls):
+            tokens.append(cls)
+            tokens.append(len(value))
+            _describe_items(value, tokens, dynamic, hints)
             continue
         entry = lookup(id(value))
         if entry is not None and entry() is value:
