@@ -74,6 +74,10 @@ class _Unset:
 
 
 _UNSET = _Unset()
+
+# The builtins that generated `__init__`s call, under names no field can shadow
+# (a field may well be called `type` or `id`: it is then a parameter).
+_BUILTINS = {"_fx_type": type, "_fx_id": id, "_fx_TypeError": TypeError}
 _REGISTRATION_LOCK = threading.Lock()
 
 # Instances whose `__init__` (or `__post_init__`) is running, by `id`: only these
@@ -430,6 +434,7 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
         "_fx_warn_transformed": warn_if_transformed,
         "_fx_check_static": check_static_value,
         "_fx_hashable": _ALWAYS_HASHABLE,
+        **_BUILTINS,
     }
     annotations: dict[str, Any] = {}
     seen_default = False
@@ -478,16 +483,16 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
         # (A plain class has no InitVar and no `init=False` field: every field
         # is a parameter, read here as a local.)
         body += [
-            f"if type({name}) not in _fx_hashable: "
+            f"if _fx_type({name}) not in _fx_hashable: "
             f"_fx_check_static(_fx_cls, {name!r}, {name})"
             for name in plan.meta_fields
         ]
         if plan.field_order:
             suspect = " or ".join(
-                f"type({name}) in _fx_suspect" for name in plan.field_order
+                f"_fx_type({name}) in _fx_suspect" for name in plan.field_order
             )
-            body.append(f"if {suspect}: _fx_warn_transformed(self)")
-    params = ["self", *positional]
+            body.append(f"if {suspect}: _fx_warn_transformed(_fx_self)")
+    params = ["_fx_self", *positional]
     if keyword:
         params += ["*", *keyword]
     lines = ["if not _fx_plan.registered: _fx_plan.register(_fx_cls)"]
@@ -499,20 +504,20 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
         )
         if plan.abstract_error is not None:
             lines.append(
-                "if type(self) is _fx_cls: raise TypeError(_fx_plan.abstract_error)"
+                "if _fx_type(_fx_self) is _fx_cls: raise _fx_TypeError(_fx_plan.abstract_error)"
             )
-    lines += ["_fx_d = self.__dict__", *body]
+    lines += ["_fx_d = _fx_self.__dict__", *body]
     if hasattr(cls, "__post_init__"):
         lines += [
-            "_fx_initialising.add(id(self))",
-            f"try: self.__post_init__({', '.join(init_vars)})",
-            "finally: _fx_initialising.discard(id(self))",
+            "_fx_initialising.add(_fx_id(_fx_self))",
+            f"try: _fx_self.__post_init__({', '.join(init_vars)})",
+            "finally: _fx_initialising.discard(_fx_id(_fx_self))",
         ]
         closure["_fx_initialising"] = _INITIALISING
     if not plan.plain:
         # Only the outermost __init__ finishes; a subclass's custom __init__
         # calling this one through super() finishes itself.
-        lines.append("if type(self) is _fx_cls: _fx_plan.finish(self)")
+        lines.append("if _fx_type(_fx_self) is _fx_cls: _fx_plan.finish(_fx_self)")
     source = (
         f"def _build({', '.join(closure)}):\n"
         f" def __init__({', '.join(params)}):\n"
@@ -562,12 +567,12 @@ def _unflatten_entry(
     stores = "; ".join(f"_fx_d[{n!r}] = {n}" for n in plan.field_order)
     lines += [
         f"if {_UNFLATTEN_FIELD} is _fx_cls:",
-        f"  _fx_d = self.__dict__{'; ' if stores else ''}{stores}",
+        f"  _fx_d = _fx_self.__dict__{'; ' if stores else ''}{stores}",
         "  return",
     ]
     for name in [_UNFLATTEN_FIELD, *not_init]:
         lines.append(
-            f"if {name} is not _fx_unset: raise TypeError("
+            f"if {name} is not _fx_unset: raise _fx_TypeError("
             f'f"{{_fx_cls.__qualname__}}.__init__() got an unexpected keyword '
             f'argument {name!r}")'
         )
@@ -578,7 +583,7 @@ def _unflatten_entry(
             if f.init and f.name not in defaults:
                 defaults[f.name] = _UNSET
                 lines.append(
-                    f"if {f.name} is _fx_unset: raise TypeError("
+                    f"if {f.name} is _fx_unset: raise _fx_TypeError("
                     f'f"{{_fx_cls.__qualname__}}.__init__() missing required '
                     f'argument: {f.name!r}")'
                 )
@@ -637,7 +642,7 @@ def wrap_custom_init(
     stores = "".join(f"; _fx_d[{name!r}] = {name}" for name in names)
     lines = [
         f"if {every_field}not _fx_args and not _fx_kwargs and "
-        "type(_fx_self) is _fx_cls and (",
+        "_fx_type(_fx_self) is _fx_cls and (",
         f"  {_UNFLATTEN_FIELD} is _fx_cls if _fx_plan.uses_marker "
         f"else {_UNFLATTEN_FIELD} is _fx_unset",
         "):",
@@ -647,14 +652,14 @@ def wrap_custom_init(
             f"if {name} is not _fx_unset: _fx_kwargs[{name!r}] = {name}"
             for name in caught
         ),
-        "_fx_key = id(_fx_self)",
+        "_fx_key = _fx_id(_fx_self)",
         "if _fx_key in _fx_initialising:",
         "  _fx_user_init(_fx_self, *_fx_args, **_fx_kwargs)",
         "  return",
-        "_fx_own_plan = type(_fx_self).__filterax_plan__",
-        "if not _fx_own_plan.registered: _fx_own_plan.register(type(_fx_self))",
+        "_fx_own_plan = _fx_type(_fx_self).__filterax_plan__",
+        "if not _fx_own_plan.registered: _fx_own_plan.register(_fx_type(_fx_self))",
         "if _fx_own_plan.abstract_error is not None:",
-        "  raise TypeError(_fx_own_plan.abstract_error)",
+        "  raise _fx_TypeError(_fx_own_plan.abstract_error)",
         "_fx_initialising.add(_fx_key)",
         "try: _fx_user_init(_fx_self, *_fx_args, **_fx_kwargs)",
         "finally: _fx_initialising.discard(_fx_key)",
@@ -666,6 +671,7 @@ def wrap_custom_init(
         "_fx_plan": plan,
         "_fx_unset": _UNSET,
         "_fx_initialising": _INITIALISING,
+        **_BUILTINS,
     }
     params = ", ".join(["_fx_self", "/", "*_fx_args", *caught, "**_fx_kwargs"])
     source = (

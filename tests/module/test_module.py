@@ -940,3 +940,30 @@ def test_an_inherited_custom_init_fills_and_unflattens_a_subclass_s_own_fields()
     rebuilt = jtu.tree_map(lambda x: x * 10, child)
     assert (rebuilt.size, rebuilt.extra) == (20, 70) and calls == [2]
     assert type(rebuilt) is Child
+
+
+@pytest.mark.parametrize("extra", ["plain", "checked", "custom", "post_init"])
+def test_fields_named_like_builtins_or_self_construct_and_unflatten(extra: str) -> None:
+    namespace: dict = {
+        "__annotations__": {"type": str, "id": int, "self": float},
+        "__module__": __name__,
+    }
+    if extra == "checked":
+        namespace["__check_init__"] = lambda self: None
+    elif extra == "post_init":
+        namespace["__post_init__"] = lambda self: None
+    elif extra == "custom":
+
+        def __init__(module, kind):
+            module.type, module.id, module.self = kind, 1, 2.0
+
+        namespace["__init__"] = __init__
+    cls = type(fx.Module)("Named", (fx.Module,), namespace)
+    made = cls("relu") if extra == "custom" else cls("relu", 1, 2.0)
+    assert (made.type, made.id, made.self) == ("relu", 1, 2.0)
+    rebuilt = jtu.tree_map(lambda x: x, made)
+    assert type(rebuilt) is cls and (rebuilt.type, rebuilt.id, rebuilt.self) == (
+        "relu",
+        1,
+        2.0,
+    )
