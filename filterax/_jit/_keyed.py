@@ -181,6 +181,9 @@ def _describe_items(
 
 
 def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list) -> None:
+    """An item `_describe_items` did not recognise at once (not an array, a
+    known tuple type or a remembered object): a static leaf, `None`, a tuple
+    type seen for the first time, or a node to flatten."""
     cls = type(value)
     kind = kind_of_type(cls)
     if kind is not None:
@@ -195,14 +198,8 @@ def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list) ->
         tokens.append(None)
         return
     if issubclass(cls, tuple) and _is_walked_tuple(cls, value):
-        tokens.append(cls)
-        tokens.append(len(value))
-        _describe_items(value, tokens, dynamic, hints)
-        return
-    entry = lookup(id(value))
-    if entry is not None and entry() is value:
-        tokens.append(entry.part)
-        dynamic += entry.dynamic
+        # Now known as walked: `_describe_items` takes it from here.
+        _describe_items((value,), tokens, dynamic, hints)
         return
     leaves, treedef = flatten(value)
     kinds = leaf_kinds(leaves)
