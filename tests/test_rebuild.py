@@ -135,7 +135,7 @@ def test_filter_jit_rebuilds_a_returned_model_with_a_builder() -> None:
         assert model.label == "plain" and act is jax.nn.relu
     key = step.compiled.last_call
     assert key is not None
-    out = step.compiled.keyed(key, step.fun_dynamic, [model.weight], [])
+    out = step.compiled.keyed(key, [*step.fun_dynamic, model.weight])
     assert out.static._build is not None
     assert out.static._build is not out.static._unflatten
 

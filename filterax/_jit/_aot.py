@@ -17,6 +17,7 @@ from .._compat import donation_warning_ignored
 from .._errors import runtime_error_from
 from .._split import shape_signature
 from .._structure import differences_text
+from ._donate import DonateMode
 from ._keyed import CallKey, describe_call
 from ._outputs import MixedOutput
 
@@ -27,14 +28,22 @@ class CallPlan:
     """What a lowered call fixed: the static key, the arrays inside the
     function, and how many argument arrays are kept (not donated)."""
 
-    __slots__ = ("example", "fun_dynamic", "key", "n_kept", "signature", "silence")
+    __slots__ = (
+        "donates",
+        "example",
+        "fun_dynamic",
+        "key",
+        "n_kept",
+        "signature",
+        "silence",
+    )
 
     def __init__(
         self,
         key: CallKey,
         fun_dynamic: list[Any],
         n_kept: int,
-        silence: bool,
+        mode: DonateMode,
         args: tuple,
         kwargs: dict,
         dynamic: list[Any],
@@ -42,7 +51,8 @@ class CallPlan:
         self.key = key
         self.fun_dynamic = fun_dynamic
         self.n_kept = n_kept
-        self.silence = silence
+        self.silence = mode.silences_warning
+        self.donates = mode.donates
         self.example = shape_signature((args, kwargs))
         self.signature = _signature(dynamic)
 
@@ -69,6 +79,12 @@ class CallPlan:
     def inputs(self, kept: list[Any], donated: list[Any]) -> list[Any]:
         """The traced inputs in the body's order, for mapping returned Refs."""
         return [*self.fun_dynamic, *kept, *donated]
+
+    def groups(self, kept: list[Any], donated: list[Any]) -> tuple[list[Any], ...]:
+        """The arguments of the keyed body after its key (see `Compiled`)."""
+        if self.donates:
+            return self.fun_dynamic, kept, donated
+        return (self.inputs(kept, donated),)
 
 
 def _signature(leaves: Any) -> tuple[tuple[tuple[int, ...], Any], ...]:
@@ -117,7 +133,7 @@ class CompiledCall:
         kept, donated = self._plan.arguments(args, kwargs)
         with donation_warning_ignored(self._plan.silence):
             try:
-                out = self._compiled(self._plan.fun_dynamic, kept, donated)
+                out = self._compiled(*self._plan.groups(kept, donated))
             except Exception as error:
                 translated = runtime_error_from(error)
                 if translated is None:

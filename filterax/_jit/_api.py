@@ -22,8 +22,11 @@ from ._donate import (
     silencing_depth,
 )
 from ._keyed import (
+    NO_HINTS,
     CallKey,
     describe_call,
+    describe_items,
+    describe_keywords,
     first_argument_leaf_count,
     raise_if_unhashable,
 )
@@ -32,10 +35,6 @@ from ._outputs import MixedOutput
 __all__ = ["JitWrapper", "filter_jit"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-
-# Never mutated: passed as the donated leaves of calls that donate nothing.
-_NOTHING_DONATED: list[Any] = []
 
 
 def holds_module(values: tuple) -> bool:
@@ -130,11 +129,17 @@ class JitWrapper:
         return out
 
     def _call_keyed(self, args: tuple, kwargs: dict) -> Any:
+        # `describe_call`, inline: this is the hot path of most calls.
         compiled = self.compiled
         last = compiled.last_call
+        hints = NO_HINTS if last is None else last.tokens
+        tokens: list[Any] = []
+        # The function's own arrays first, then the arguments' (see `Compiled`).
+        leaves = [*self.fun_dynamic]
         try:
-            tokens, dynamic, names = describe_call(args, kwargs, last)
-            if last is not None and tokens == last.tokens and names == last.names:
+            describe_items(args, tokens, leaves, hints)
+            names = describe_keywords(kwargs, tokens, leaves, hints) if kwargs else ()
+            if tokens == hints and last is not None and names == last.names:
                 key = last
             else:
                 key = compiled.last_call = CallKey(tokens, names)
@@ -142,18 +147,26 @@ class JitWrapper:
             raise_if_unhashable(args, kwargs)
             raise
         if self.donates:
-            kept, donated = self._split_donated(args, key, dynamic)
-            out = compiled.keyed(key, self.fun_dynamic, kept, donated)
+            out = compiled.keyed(key, *self._donation_groups(args, key, leaves))
         else:
-            out = compiled.keyed(key, self.fun_dynamic, dynamic, _NOTHING_DONATED)
+            out = compiled.keyed(key, leaves)
         if out.__class__ is MixedOutput:
-            return out.rebuild(lambda: [*self.fun_dynamic, *dynamic])
+            return out.rebuild(lambda: leaves)
         return out
+
+    def _donation_groups(
+        self, args: tuple, key: CallKey, leaves: list[Any]
+    ) -> tuple[list[Any], list[Any], list[Any]]:
+        """`(function's arrays, kept, donated)` from the leaves of a call of
+        a donating mode (the function's arrays, then the arguments')."""
+        n_fun = len(self.fun_dynamic)
+        kept, donated = self._split_donated(args, key, leaves[n_fun:])
+        return leaves[:n_fun], kept, donated
 
     def _split_donated(
         self, args: tuple, key: CallKey, dynamic: list[Any]
     ) -> tuple[list[Any], list[Any]]:
-        """The dynamic leaves `(kept, donated)`."""
+        """The dynamic leaves of the arguments as `(kept, donated)`."""
         mode = self.mode
         if not mode.donates:
             return dynamic, []
@@ -197,21 +210,19 @@ class JitWrapper:
                 raise_if_unhashable(args, kwargs)
                 raise
             kept, donated = self._split_donated(args, key, dynamic)
+            plan = CallPlan(
+                key,
+                self.fun_dynamic,
+                len(kept),
+                self.mode,
+                args,
+                kwargs,
+                dynamic,
+            )
             with donation_warning_ignored(self.mode.silences_warning):
-                lowered = self.compiled.keyed.lower(
-                    key, self.fun_dynamic, kept, donated
-                )
+                lowered = self.compiled.keyed.lower(key, *plan.groups(kept, donated))
         finally:
             restore_warnings(depth)
-        plan = CallPlan(
-            key,
-            self.fun_dynamic,
-            len(kept),
-            self.mode.silences_warning,
-            args,
-            kwargs,
-            dynamic,
-        )
         return Lowered(lowered, plan)
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:

@@ -42,12 +42,13 @@ _MAX_STATIC_ENTRIES = 256
 class Compiled:
     """The inner `jax.jit`s of one function, for one donation mode.
 
-    `keyed(key, fun_dynamic, kept, donated)` and `direct(fun_dynamic, args,
-    kwargs)` (`direct(fun_dynamic, first, rest, kwargs)` for the
-    `*-except-first` modes). `direct_ok` is `None` until the first call picks
-    a route (see `_api`), and turns false, for good, once a call needed the
-    keyed route. `last_call` is the static key of the last keyed call, which
-    the next call most likely shares.
+    `keyed(key, leaves)` (the function's arrays, then the arguments') for the
+    modes that donate nothing, `keyed(key, fun_dynamic, kept, donated)` for
+    the others; `direct(fun_dynamic, args, kwargs)` (`direct(fun_dynamic,
+    first, rest, kwargs)` for the `*-except-first` modes). `direct_ok` is
+    `None` until the first call picks a route (see `_api`), and turns false,
+    for good, once a call needed the keyed route. `last_call` is the static
+    key of the last keyed call, which the next call most likely shares.
     """
 
     __slots__ = ("__weakref__", "direct", "direct_ok", "keyed", "last_call")
@@ -60,14 +61,18 @@ class Compiled:
 
 
 def _new_compiled(
-    fun_source: Callable[[list[Any]], Any], name: str, qualname: str, mode: DonateMode
+    fun_source: Callable[[list[Any]], Any],
+    n_fun: int,
+    name: str,
+    qualname: str,
+    mode: DonateMode,
 ) -> Compiled:
     """Builds the inner jitted functions.
 
-    `fun_source(fun_dynamic)` rebuilds the wrapped function from its traced
-    arrays. It never holds the function strongly when the function is found
-    by identity: the bodies, which JAX keeps as long as the jitted functions
-    live, must not keep it alive.
+    `fun_source(fun_dynamic)` rebuilds the wrapped function from its `n_fun`
+    traced arrays. It never holds the function strongly when the function is
+    found by identity: the bodies, which JAX keeps as long as the jitted
+    functions live, must not keep it alive.
     """
 
     def resolve(fun_dynamic: list[Any]) -> Any:
@@ -76,10 +81,14 @@ def _new_compiled(
             silence_donation_warnings()
         return fun
 
-    def keyed(
-        key: Any, fun_dynamic: list[Any], kept: list[Any], donated: list[Any]
-    ) -> Any:
-        dynamic = [*kept, *donated]
+    def keyed(key: Any, *groups: list[Any]) -> Any:
+        # One list of leaves when nothing is donated: every extra argument
+        # adds to JAX's dispatch work on each call.
+        if len(groups) == 1:
+            fun_dynamic, dynamic = groups[0][:n_fun], groups[0][n_fun:]
+        else:
+            fun_dynamic, kept, donated = groups
+            dynamic = [*kept, *donated]
         args, kwargs = unpack_key(key, dynamic)
         out = resolve(fun_dynamic)(*args, **kwargs)
         return filter_output(out, lambda: [*fun_dynamic, *dynamic])
@@ -163,7 +172,9 @@ def compiled_for(fun: Any, mode: DonateMode) -> tuple[Compiled, list[Any]]:
     with _LOCK:
         compiled = _BY_STATIC_PART.get(key)
         if compiled is None:
-            compiled = _new_compiled(fun_static.merge, name, qualname, mode)
+            compiled = _new_compiled(
+                fun_static.merge, len(fun_dynamic), name, qualname, mode
+            )
             _BY_STATIC_PART[key] = compiled
             if len(_BY_STATIC_PART) > _MAX_STATIC_ENTRIES:
                 _BY_STATIC_PART.popitem(last=False)
@@ -184,7 +195,7 @@ def _compiled_by_identity(
         compiled = entry[1].get(mode)
         if compiled is None:
             source = entry[0]
-            compiled = _new_compiled(lambda _: source(), name, qualname, mode)
+            compiled = _new_compiled(lambda _: source(), 0, name, qualname, mode)
             entry[1][mode] = compiled
         return compiled
 

@@ -43,8 +43,11 @@ from .._structure import argument_path
 from ._memo import lookup, remember
 
 __all__ = [
+    "NO_HINTS",
     "CallKey",
     "describe_call",
+    "describe_items",
+    "describe_keywords",
     "first_argument_leaf_count",
     "raise_if_unhashable",
     "unpack_key",
@@ -125,7 +128,8 @@ class CallKey(int):
         return f"CallKey({self.tokens!r}, names={self.names!r})"
 
 
-_NO_HINTS: list[Any] = []
+# The hints of a call with no previous key. Never mutated.
+NO_HINTS: list[Any] = []
 
 
 def describe_call(
@@ -136,13 +140,20 @@ def describe_call(
     the two keys is mostly identity checks."""
     tokens: list[Any] = []
     dynamic: list[Any] = []
-    hints = _NO_HINTS if last is None else last.tokens
-    _describe_items(args, tokens, dynamic, hints)
-    names: tuple[str, ...] = ()
-    if kwargs:
-        names = tuple(sorted(kwargs))
-        _describe_items([kwargs[name] for name in names], tokens, dynamic, hints)
+    hints = NO_HINTS if last is None else last.tokens
+    describe_items(args, tokens, dynamic, hints)
+    names = describe_keywords(kwargs, tokens, dynamic, hints) if kwargs else ()
     return tokens, dynamic, names
+
+
+def describe_keywords(
+    kwargs: dict[str, Any], tokens: list[Any], dynamic: list[Any], hints: list
+) -> tuple[str, ...]:
+    """Describes keyword arguments in name order (after the positional ones);
+    returns their names."""
+    names = tuple(sorted(kwargs))
+    describe_items([kwargs[name] for name in names], tokens, dynamic, hints)
+    return names
 
 
 def first_argument_leaf_count(key: CallKey, args: tuple) -> int:
@@ -154,9 +165,11 @@ def first_argument_leaf_count(key: CallKey, args: tuple) -> int:
     return count
 
 
-def _describe_items(
+def describe_items(
     values: Sequence[Any], tokens: list[Any], dynamic: list[Any], hints: list
 ) -> None:
+    """Appends the tokens and dynamic leaves of `values` (arguments, in
+    order). `hints` are the previous call's tokens (`NO_HINTS` for none)."""
     # Arrays, tuples and remembered Modules are handled here, without a call:
     # they are the most common items (an optimiser state is a tuple of
     # namedtuples), and this is the hot path of every keyed call.
@@ -170,7 +183,7 @@ def _describe_items(
         if _WALKED_TUPLES.get(cls):
             tokens.append(cls)
             tokens.append(len(value))
-            _describe_items(value, tokens, dynamic, hints)
+            describe_items(value, tokens, dynamic, hints)
             continue
         entry = lookup(id(value))
         if entry is not None and entry() is value:
@@ -181,7 +194,7 @@ def _describe_items(
 
 
 def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list) -> None:
-    """An item `_describe_items` did not recognise at once (not an array, a
+    """An item `describe_items` did not recognise at once (not an array, a
     known tuple type or a remembered object): a static leaf, `None`, a tuple
     type seen for the first time, or a node to flatten."""
     cls = type(value)
@@ -198,8 +211,8 @@ def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list) ->
         tokens.append(None)
         return
     if issubclass(cls, tuple) and _is_walked_tuple(cls, value):
-        # Now known as walked: `_describe_items` takes it from here.
-        _describe_items((value,), tokens, dynamic, hints)
+        # Now known as walked: `describe_items` takes it from here.
+        describe_items((value,), tokens, dynamic, hints)
         return
     leaves, treedef = flatten(value)
     kinds = leaf_kinds(leaves)

@@ -552,6 +552,55 @@ def test_arrays_inside_fun_are_donated_as_in_equinox():
     assert not kept.table.is_deleted()
 
 
+class _Shifter(fx.Module):
+    shift: jax.Array
+
+    def __call__(self, first, rest, label):
+        # As many outputs of the inputs' shape as there are inputs, so that
+        # every donated buffer can be used (and so is deleted).
+        return first + self.shift, rest * 2 + self.shift, label, -self.shift
+
+
+# (mode, whether the function's arrays and `rest` are donated, whether `first` is)
+_KEYED_DONATION = [
+    ("none", False, False),
+    ("all", True, True),
+    ("all-except-first", True, False),
+]
+
+
+@pytest.mark.parametrize(("donate", "rest_donated", "first_donated"), _KEYED_DONATION)
+def test_keyed_calls_of_a_function_with_arrays_donate_per_mode(
+    donate, rest_donated, first_donated
+):
+    # A static argument sends the call down the keyed route, where the
+    # function's own arrays travel with the arguments' (one list, or apart when
+    # donated).
+    jitted = fx.filter_jit(_Shifter(jnp.ones(2)), donate=donate)
+    first, rest = jnp.zeros(2), jnp.full(2, 3.0)
+    out = jitted(first, rest, "tag")
+    np.testing.assert_allclose(out[0], 1.0)
+    np.testing.assert_allclose(out[1], 7.0)
+    assert out[2] == "tag"
+    assert jitted.fun.shift.is_deleted() is rest_donated
+    assert rest.is_deleted() is rest_donated
+    assert first.is_deleted() is first_donated
+
+
+@pytest.mark.parametrize(("donate", "rest_donated", "first_donated"), _KEYED_DONATION)
+def test_lowered_calls_of_a_function_with_arrays_match_calls(
+    donate, rest_donated, first_donated
+):
+    jitted = fx.filter_jit(_Shifter(jnp.ones(2)), donate=donate)
+    compiled = jitted.lower(jnp.zeros(2), jnp.zeros(2), "tag").compile()
+    first, rest = jnp.zeros(2), jnp.full(2, 3.0)
+    out = compiled(first, rest, "tag")
+    np.testing.assert_allclose(out[1], 7.0)
+    assert out[2] == "tag"
+    assert rest.is_deleted() is rest_donated
+    assert first.is_deleted() is first_donated
+
+
 def _unusable_donation(x, y):
     # `y` has no output of its shape to be reused for.
     return x + y.sum()
