@@ -13,7 +13,7 @@ from .._compat import donation_warning_ignored
 from .._errors import runtime_error_from
 from .._split import flatten, is_module_type
 from ._aot import CallPlan, Lowered
-from ._compiled import Compiled, compiled_for, fun_arrays
+from ._compiled import Compiled, compiled_for
 from ._direct import PENDING, Fallback, fallback_for
 from ._donate import (
     Donate,
@@ -52,24 +52,23 @@ class JitWrapper:
     handle the other modes).
 
     A pytree: its child is the wrapped function (a Module contributes its
-    arrays), its static data the donation mode and the shared `Compiled`, so a
-    copy made by flattening and unflattening shares the compiled code.
+    arrays), its static data the donation mode and the shared `Compiled`. A
+    copy made by unflattening finds its `Compiled` again from the function it
+    holds: the same one, sharing the compiled code, when only arrays changed;
+    another when the function did (`tree_at` replacing a Module's activation,
+    say).
     """
 
     def __init__(
         self,
         fun: Callable[..., Any],
         mode: DonateMode,
-        compiled: Compiled | None = None,
+        known: Compiled | None = None,
     ):
         self.fun = fun
         self.mode = mode
         self.donates = mode.donates
-        if compiled is None:
-            compiled, self.fun_dynamic = compiled_for(fun, mode)
-        else:  # rebuilt from its pytree leaves: the compiled code is shared
-            self.fun_dynamic = fun_arrays(fun)
-        self.compiled = compiled
+        self.compiled, self.fun_dynamic = compiled_for(fun, mode, known)
         self.__wrapped__ = fun
         for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
             try:

@@ -34,7 +34,7 @@ from ._keyed import CallKey, unpack_key
 from ._memo import clear as clear_memo
 from ._outputs import filter_output
 
-__all__ = ["Compiled", "compiled_for", "fun_arrays"]
+__all__ = ["Compiled", "compiled_for"]
 
 _MAX_STATIC_ENTRIES = 256
 
@@ -49,31 +49,50 @@ class Compiled:
     `None` until the first call picks a route (see `_api`), and turns false,
     for good, once a call needed the keyed route. `last_call` is the static
     key of the last keyed call, which the next call most likely shares.
+    `made_for` is what it was made for: a weak reference to a plain function,
+    or a callable's `StaticPart`.
     """
 
-    __slots__ = ("__weakref__", "direct", "direct_ok", "keyed", "last_call")
+    __slots__ = (
+        "__weakref__",
+        "direct",
+        "direct_ok",
+        "keyed",
+        "last_call",
+        "made_for",
+    )
 
-    def __init__(self, keyed: Any, direct: Any):
+    def __init__(self, keyed: Any, direct: Any, made_for: weakref.ref | StaticPart):
         self.keyed = keyed
         self.direct = direct
         self.direct_ok: bool | None = None
         self.last_call: CallKey | None = None
+        self.made_for = made_for
+
+    def is_for_function(self, fun: Any) -> bool:
+        """Whether this was made for the plain function `fun`."""
+        made_for = self.made_for
+        return type(made_for) is weakref.ReferenceType and made_for() is fun
 
 
 def _new_compiled(
-    fun_source: Callable[[list[Any]], Any],
+    made_for: weakref.ref | StaticPart,
     n_fun: int,
     name: str,
     qualname: str,
     mode: DonateMode,
 ) -> Compiled:
-    """Builds the inner jitted functions.
+    """Builds the inner jitted functions for a plain function (`made_for` a
+    weak reference to it) or a callable of `n_fun` arrays (`made_for` its
+    `StaticPart`).
 
-    `fun_source(fun_dynamic)` rebuilds the wrapped function from its `n_fun`
-    traced arrays. It never holds the function strongly when the function is
-    found by identity: the bodies, which JAX keeps as long as the jitted
-    functions live, must not keep it alive.
+    The bodies, which JAX keeps as long as the jitted functions live, never
+    hold a plain function strongly: they must not keep it alive.
     """
+    if isinstance(made_for, StaticPart):
+        fun_source: Callable[[list[Any]], Any] = made_for.merge
+    else:
+        fun_source = lambda _: made_for()  # noqa: E731
 
     def resolve(fun_dynamic: list[Any]) -> Any:
         fun = fun_source(fun_dynamic)
@@ -118,6 +137,7 @@ def _new_compiled(
     compiled = Compiled(
         jax.jit(keyed, static_argnums=0, donate_argnums=keyed_donated),
         jax.jit(direct, donate_argnums=direct_donated),
+        made_for,
     )
     _LIVE.add(compiled)
     return compiled
@@ -155,26 +175,25 @@ def _names(fun: Any) -> tuple[str, str]:
     return name, qualname
 
 
-def fun_arrays(fun: Any) -> list[Any]:
-    """The arrays inside `fun` that every call passes as traced arguments
-    (none for a plain function, found by identity)."""
-    return [] if isinstance(fun, types.FunctionType) else split(fun)[0]
-
-
-def compiled_for(fun: Any, mode: DonateMode) -> tuple[Compiled, list[Any]]:
+def compiled_for(
+    fun: Any, mode: DonateMode, known: Compiled | None = None
+) -> tuple[Compiled, list[Any]]:
     """The shared `Compiled` for `fun` and the arrays inside `fun` (traced
-    arguments of every call)."""
-    name, qualname = _names(fun)
+    arguments of every call). `known` (the `Compiled` of the wrapper a copy is
+    made from) is checked first: it is the one when `fun` is the same plain
+    function, or a callable of the same static part."""
     if isinstance(fun, types.FunctionType):
-        return _compiled_by_identity(fun, name, qualname, mode), []
+        if known is not None and known.is_for_function(fun):
+            return known, []
+        return _compiled_by_identity(fun, *_names(fun), mode), []
     fun_dynamic, fun_static = split(fun)
+    if known is not None and known.made_for == fun_static:
+        return known, fun_dynamic
     key = (fun_static, mode)
     with _LOCK:
         compiled = _BY_STATIC_PART.get(key)
         if compiled is None:
-            compiled = _new_compiled(
-                fun_static.merge, len(fun_dynamic), name, qualname, mode
-            )
+            compiled = _new_compiled(fun_static, len(fun_dynamic), *_names(fun), mode)
             _BY_STATIC_PART[key] = compiled
             if len(_BY_STATIC_PART) > _MAX_STATIC_ENTRIES:
                 _BY_STATIC_PART.popitem(last=False)
@@ -194,8 +213,7 @@ def _compiled_by_identity(
             _BY_IDENTITY[fun_id] = entry
         compiled = entry[1].get(mode)
         if compiled is None:
-            source = entry[0]
-            compiled = _new_compiled(lambda _: source(), 0, name, qualname, mode)
+            compiled = _new_compiled(entry[0], 0, name, qualname, mode)
             entry[1][mode] = compiled
         return compiled
 

@@ -7,6 +7,7 @@ import gc
 import threading
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -934,6 +935,47 @@ def test_a_copy_made_by_unflattening_shares_the_compiled_code():
     copy = jax.tree_util.tree_unflatten(treedef, [leaf * 2 for leaf in leaves])
     assert copy.compiled is jitted.compiled
     np.testing.assert_allclose(copy(jnp.ones(3)), 2 * jitted(jnp.ones(3)))
+
+
+class _Activated(fx.Module):
+    weight: jax.Array
+    bias: jax.Array | None
+    activation: Callable
+
+    def __call__(self, x, label="keyed"):
+        out = x * self.weight
+        return self.activation(out if self.bias is None else out + self.bias), label
+
+
+@pytest.mark.parametrize("label", [(), ("keyed",)], ids=["direct", "keyed"])
+def test_a_copy_holding_another_function_runs_that_function(label):
+    # Regression: the copy kept the original's compiled code, so it ran the old
+    # activation silently.
+    jitted = fx.filter_jit(_Activated(jnp.ones(2), jnp.zeros(2), jax.nn.relu))
+    x = -jnp.ones(2)
+    np.testing.assert_allclose(jitted(x, *label)[0], 0.0)
+    tanh = fx.tree_at(lambda j: j.fun.activation, jitted, jnp.tanh)
+    assert tanh.compiled is not jitted.compiled
+    np.testing.assert_allclose(tanh(x, *label)[0], jnp.tanh(-1.0), rtol=1e-6)
+    np.testing.assert_allclose(jitted(x, *label)[0], 0.0)
+
+
+@pytest.mark.parametrize("label", [(), ("keyed",)], ids=["direct", "keyed"])
+def test_a_copy_holding_fewer_arrays_runs_with_them(label):
+    # Regression: the copy fed its arguments' arrays to the original's slots.
+    jitted = fx.filter_jit(_Activated(jnp.full(2, 2.0), jnp.ones(2), lambda y: y))
+    no_bias = fx.tree_at(lambda j: j.fun.bias, jitted, None)
+    np.testing.assert_allclose(no_bias(jnp.full(2, 5.0), *label)[0], 10.0)
+    np.testing.assert_allclose(jitted(jnp.full(2, 5.0), *label)[0], 11.0)
+
+
+def test_a_copy_holding_another_plain_function_runs_it():
+    jitted = fx.filter_jit(jnp.sin)
+    cosine = fx.tree_at(lambda j: j.fun, jitted, jnp.cos)
+    np.testing.assert_allclose(cosine(jnp.zeros(2)), 1.0)
+    np.testing.assert_allclose(jitted(jnp.zeros(2)), 0.0)
+    plain = fx.filter_jit(lambda x: x + 1)
+    assert jtu.tree_map(lambda f: f, plain).compiled is plain.compiled
 
 
 # --- Refs -------------------------------------------------------------------------------
