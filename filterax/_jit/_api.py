@@ -37,6 +37,10 @@ __all__ = ["JitWrapper", "filter_jit"]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+# `getattr`'s default for the function attributes a wrapper copies.
+_ABSENT = object()
+
+
 def holds_module(values: tuple) -> bool:
     """Whether a Module is among `values`, or inside tuples among them."""
     for value in values:
@@ -71,10 +75,9 @@ class JitWrapper:
         self.compiled, self.fun_dynamic = compiled_for(fun, mode, known)
         self.__wrapped__ = fun
         for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
-            try:
-                setattr(self, attribute, getattr(fun, attribute))
-            except AttributeError:
-                pass
+            value = getattr(fun, attribute, _ABSENT)
+            if value is not _ABSENT:
+                setattr(self, attribute, value)
 
     def _direct_groups(self, args: tuple, kwargs: dict) -> tuple | None:
         """The positional arguments of the direct body for this call, or `None`
