@@ -155,13 +155,15 @@ def per_call_us(
     return (clock() - start) / calls * 1e6
 
 
-def variants(n_arrays: int) -> dict[str, tuple[Callable[[], object], ...]]:
-    x, y = jnp.ones(4), jnp.zeros(4)
-    static_model = StaticActivation(make_layers(n_arrays), jax.nn.relu)
-    field_model = FieldActivation(make_layers(n_arrays), jax.nn.relu)
-    params = [leaf for leaf in jax.tree.leaves(field_model) if fx.is_array(leaf)]
-    assert len(params) == n_arrays
-    ours = {"model": field_model, "state": OPTIMISER.init(fx.trainable(field_model))}
+Step = tuple[Callable[[], None], dict[str, Any]]
+
+
+def adam_steps(model: Any, x: jax.Array, y: jax.Array) -> tuple[Step, Step]:
+    """The Adam training step of `model`, `filter_jit`'s and the flat-list
+    floor's: each a call feeding its last outputs back in, and the dictionary
+    holding those outputs."""
+    params = [leaf for leaf in jax.tree.leaves(model) if fx.is_array(leaf)]
+    ours = {"model": model, "state": OPTIMISER.init(fx.trainable(model))}
     floor = {"params": params, "state": OPTIMISER.init(params)}
 
     def ours_step() -> None:
@@ -171,6 +173,17 @@ def variants(n_arrays: int) -> dict[str, tuple[Callable[[], object], ...]]:
         floor["params"], floor["state"], _ = floor_step(
             floor["params"], floor["state"], x, y
         )
+
+    return (ours_step, ours), (floor_train_step, floor)
+
+
+def variants(n_arrays: int) -> dict[str, tuple[Callable[[], object], ...]]:
+    x, y = jnp.ones(4), jnp.zeros(4)
+    static_model = StaticActivation(make_layers(n_arrays), jax.nn.relu)
+    field_model = FieldActivation(make_layers(n_arrays), jax.nn.relu)
+    params = [leaf for leaf in jax.tree.leaves(field_model) if fx.is_array(leaf)]
+    assert len(params) == n_arrays
+    (ours_step, _), (floor_train_step, _) = adam_steps(field_model, x, y)
 
     return {
         "static field": (

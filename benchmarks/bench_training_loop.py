@@ -23,20 +23,11 @@ from __future__ import annotations
 import argparse
 import gc
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from bench_dispatch import (
-    OPTIMISER,
-    FieldActivation,
-    floor_step,
-    make_layers,
-    train_step,
-)
-
-import filterax as fx
+from bench_dispatch import FieldActivation, Step, adam_steps, make_layers
 
 
 class CollectorClock:
@@ -60,30 +51,15 @@ class CollectorClock:
         self.seconds = [0.0, 0.0, 0.0]
 
 
-def loops(n_arrays: int) -> dict[str, tuple[Callable[[], None], dict[str, Any]]]:
+def loops(n_arrays: int) -> dict[str, Step]:
     """Per side: the step, and the dictionary it keeps its latest outputs in."""
-    x, y = jnp.ones(4), jnp.zeros(4)
     model = FieldActivation(make_layers(n_arrays), jax.nn.relu)
-    params = [leaf for leaf in jax.tree.leaves(model) if fx.is_array(leaf)]
-    ours = {"model": model, "state": OPTIMISER.init(fx.trainable(model))}
-    floor = {"params": params, "state": OPTIMISER.init(params)}
-
-    def ours_step() -> None:
-        ours["model"], ours["state"], _ = train_step(ours["model"], ours["state"], x, y)
-
-    def floor_train_step() -> None:
-        floor["params"], floor["state"], _ = floor_step(
-            floor["params"], floor["state"], x, y
-        )
-
-    return {
-        "filter_jit, Modules": (ours_step, ours),
-        "jax.jit, flat list": (floor_train_step, floor),
-    }
+    ours, floor = adam_steps(model, jnp.ones(4), jnp.zeros(4))
+    return {"filter_jit, Modules": ours, "jax.jit, flat list": floor}
 
 
 def run(
-    steps: dict[str, tuple[Callable[[], None], dict[str, Any]]],
+    steps: dict[str, Step],
     calls: int,
     clock: CollectorClock,
 ) -> None:

@@ -76,23 +76,20 @@ class Compiled:
 
 
 def _new_compiled(
-    made_for: weakref.ref | StaticPart,
-    n_fun: int,
-    name: str,
-    qualname: str,
-    mode: DonateMode,
+    made_for: weakref.ref | StaticPart, name: str, qualname: str, mode: DonateMode
 ) -> Compiled:
     """Builds the inner jitted functions for a plain function (`made_for` a
-    weak reference to it) or a callable of `n_fun` arrays (`made_for` its
-    `StaticPart`).
+    weak reference to it) or another callable (`made_for` its `StaticPart`).
 
     The bodies, which JAX keeps as long as the jitted functions live, never
     hold a plain function strongly: they must not keep it alive.
     """
     if isinstance(made_for, StaticPart):
         fun_source: Callable[[list[Any]], Any] = made_for.merge
+        n_fun = made_for.num_dynamic
     else:
         fun_source = lambda _: made_for()  # noqa: E731
+        n_fun = 0
 
     def resolve(fun_dynamic: list[Any]) -> Any:
         fun = fun_source(fun_dynamic)
@@ -193,7 +190,7 @@ def compiled_for(
     with _LOCK:
         compiled = _BY_STATIC_PART.get(key)
         if compiled is None:
-            compiled = _new_compiled(fun_static, len(fun_dynamic), *_names(fun), mode)
+            compiled = _new_compiled(fun_static, *_names(fun), mode)
             _BY_STATIC_PART[key] = compiled
             if len(_BY_STATIC_PART) > _MAX_STATIC_ENTRIES:
                 _BY_STATIC_PART.popitem(last=False)
@@ -213,7 +210,7 @@ def _compiled_by_identity(
             _BY_IDENTITY[fun_id] = entry
         compiled = entry[1].get(mode)
         if compiled is None:
-            compiled = _new_compiled(entry[0], 0, name, qualname, mode)
+            compiled = _new_compiled(entry[0], name, qualname, mode)
             entry[1][mode] = compiled
         return compiled
 
