@@ -8,11 +8,12 @@ flat list of the same arrays, and the mean cost per call is reported with the
 time the collector spent per call, by generation (through `gc.callbacks`).
 
 The returned Modules (306 of them, with their attribute dictionaries) are
-objects the collector tracks; the flat-list step allocates fewer than the
-collector's first threshold, so it never triggers a collection. The run is
-repeated after `gc.freeze()`, which moves every object alive after setup
-(JAX's and the program's own) out of the collector's reach: full collections,
-which otherwise walk all of them, then cost almost nothing.
+objects the collector tracks. `filter_jit` pauses the collector while it
+builds them, and the loop frees the previous step's before allocating again,
+so neither side should start a collection: the per-generation counts show
+whether that holds. The run is repeated after `gc.freeze()`, which moves every
+object alive after setup (JAX's and the program's own) out of the collector's
+reach.
 
 Run: `python benchmarks/bench_training_loop.py [--calls C] [--arrays N]`. No
 assertion is made on the timings.

@@ -6,7 +6,8 @@ an array and no node is a Module (JAX rebuilds it in C++), and otherwise a
 (treedef, where the arrays sit, the other leaves) as static node data. Its
 Modules are rebuilt by a generated builder (`_rebuild`), cheaper than JAX's
 unflatten, and remembered by identity (`_memo`), so that passing them back in
-costs no flattening.
+costs no flattening. Python's garbage collector is paused while an output is
+rebuilt (see `MixedOutput.rebuild`).
 
 JAX refuses to return a `jax.Ref` from a compiled function. A Ref in the output
 that came in as an argument is replaced by an `InputRef` marker naming its
@@ -17,6 +18,11 @@ object that went in back in its place.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from gc import (
+    disable as _pause_collector,
+    enable as _resume_collector,
+    isenabled as _collector_running,
+)
 from typing import Any
 
 import jax.tree_util as jtu
@@ -47,9 +53,29 @@ class MixedOutput:
 
     def rebuild(self, inputs: Callable[[], Sequence[Any]]) -> Any:
         """The output; `inputs()` gives the flattened traced inputs of the call,
-        needed only when the output returns input Refs."""
-        out = self.static.merge_restoring_refs(self.arrays, inputs)
-        remember_outputs(out, self.static, self.arrays)
+        needed only when the output returns input Refs.
+
+        Python's garbage collector is paused while the output is built. A
+        training step returns as many new Modules as it was given, and the
+        caller frees the old ones as soon as it rebinds its variables; each
+        free takes one off the collector's count of new objects. Left running,
+        the collector would start a young collection in the middle of every
+        large rebuild (past its threshold of new objects, 700 by default, arrays
+        included), and promote the
+        live outputs towards the costly full collections. Paused, the count
+        rises and falls again before anything is allocated, so a loop that
+        replaces its model never collects; a program that keeps its outputs
+        collects at its next allocation, as it would have anyway.
+        """
+        running = _collector_running()
+        if running:
+            _pause_collector()
+        try:
+            out = self.static.merge_restoring_refs(self.arrays, inputs)
+            remember_outputs(out, self.static, self.arrays)
+        finally:
+            if running:
+                _resume_collector()
         return out
 
 
