@@ -77,14 +77,21 @@ class Fallback(enum.Enum):
 def fallback_for(error: Exception) -> Fallback | None:
     """After a direct call raised `error`: how to run the call instead, or
     `None` to let the error propagate. Clears `PENDING`."""
-    never_traced = PENDING.call is not None
+    call = PENDING.call
     PENDING.call = None
     if isinstance(error, RunKeyed):
         return Fallback.KEYED
-    if never_traced and isinstance(error, (TypeError, OverflowError)):
+    if call is None:  # the body was traced: the error is the program's
+        return None
+    if isinstance(error, (TypeError, OverflowError)):
         # JAX rejects a leaf it cannot take as an array (a string, a
         # function, an int too large...) before tracing. A program that fails
         # while it runs raises other types (`ValueError` from a cache hit,
         # `JaxRuntimeError`), and must not be run a second time.
         return Fallback.KEYED_IF_IT_WORKS
+    if STATIC in leaf_kinds(flatten(call)[0]):
+        # Whatever JAX raised (a `ValueError` for an object with
+        # `__jax_array__`, say), a non-array leaf makes it the keyed route's
+        # call, where the leaf is static; the direct route never ran it.
+        return Fallback.KEYED
     return None

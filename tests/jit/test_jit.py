@@ -889,6 +889,31 @@ def test_one_trace_per_compilation_when_falling_back_to_the_keyed_route():
     assert len(traces) == 2
 
 
+class _ConvertsToArray:
+    """Not an array, though JAX could make one of it: a static argument."""
+
+    def __jax_array__(self) -> jax.Array:
+        return jnp.ones(3)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ConvertsToArray)
+
+
+def test_an_object_with_jax_array_is_a_static_argument():
+    # JAX refuses such an object as an argument (a ValueError, before
+    # tracing); filterax hashes it like any other non-array leaf.
+    f, traces = _counting(lambda x, converts: (x * 2, converts))
+    jitted = fx.filter_jit(f)
+    for _ in range(2):
+        doubled, converts = jitted(jnp.ones(2), _ConvertsToArray())
+        assert type(converts) is _ConvertsToArray
+        np.testing.assert_allclose(doubled, 2.0)
+    assert len(traces) == 1 and jitted.compiled.direct_ok is False
+
+
 def test_one_trace_per_compilation_with_a_non_array_leaf():
     f, traces = _counting(lambda x, label: x)
     jitted = fx.filter_jit(f)
