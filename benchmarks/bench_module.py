@@ -177,7 +177,7 @@ def main() -> None:
         ratio = ours / reference
         verdict = "ok" if ratio <= target else "OVER"
         print(
-            f"{label:48s} {ours * 1e6:9.2f}us {reference * 1e6:9.2f}us {ratio:6.2f} "
+            f"{label:48s} {ours * 1e6:9.2f}us {reference * 1e6:9.2f}us {ratio:6.3f} "
             f"<= {target} {verdict}"
         )
 
