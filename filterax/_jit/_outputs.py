@@ -60,12 +60,12 @@ class MixedOutput:
         caller frees the old ones as soon as it rebinds its variables; each
         free takes one off the collector's count of new objects. Left running,
         the collector would start a young collection in the middle of every
-        large rebuild (past its threshold of new objects, 700 by default, arrays
-        included), and promote the
-        live outputs towards the costly full collections. Paused, the count
-        rises and falls again before anything is allocated, so a loop that
-        replaces its model never collects; a program that keeps its outputs
-        collects at its next allocation, as it would have anyway.
+        large rebuild (past its threshold of new objects, 700 by default,
+        arrays included), and promote the live outputs towards the costly full
+        collections. Paused, the count rises and falls again before anything
+        is allocated, so a loop that replaces its model never collects; a
+        program that keeps its outputs collects at its next allocation, as it
+        would have anyway.
         """
         running = _collector_running()
         if running:
