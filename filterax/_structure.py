@@ -116,7 +116,8 @@ def array_text(shape: Sequence[int], dtype: Any, weak_type: bool = False) -> str
 
 def _short_array(value: Any) -> str:
     text = array_text(value.shape, value.dtype, getattr(value, "weak_type", False))
-    return f"Ref({text})" if type(value) is jax.Ref else text
+    # `isinstance`: a Ref traced inside a transform is a tracer, not a `jax.Ref`.
+    return f"Ref({text})" if isinstance(value, jax.Ref) else text
 
 
 # --- One level of children ---------------------------------------------------------

@@ -170,3 +170,18 @@ def test_tree_flatten_one_level():
 def test_numpy_arrays_are_described_like_jax_arrays():
     [difference] = fx.tree_diff(np.ones(2, np.float32), np.ones(3, np.float32))
     assert difference.detail == "f32[2] vs f32[3]"
+
+
+def test_a_ref_is_described_as_a_ref_inside_a_trace_too():
+    seen = []
+
+    @jax.jit
+    def differ(ref: jax.Ref, x: jax.Array) -> jax.Array:
+        [difference] = fx.tree_diff(ref, x, compare_values=False)
+        seen.append(difference.detail)
+        return x
+
+    ref = jax.new_ref(jnp.ones(2))
+    [outside] = fx.tree_diff(ref, jnp.ones(3), compare_values=False)
+    differ(ref, jnp.ones(3))
+    assert seen == [outside.detail] == ["Ref(f32[2]) vs f32[3]"]
