@@ -19,6 +19,7 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from .._module import Module, field
+from ._frozen import unfrozen
 from ._linear import uniform_init
 
 __all__ = [
@@ -195,7 +196,7 @@ def _convolve(
     """`x` (no batch axis) convolved with `layer`'s weight, plus its bias."""
     out = lax.conv_general_dilated(
         lhs=x[None],
-        rhs=layer.weight,
+        rhs=unfrozen(layer.weight),
         window_strides=window_strides,
         padding=padding,
         lhs_dilation=lhs_dilation,

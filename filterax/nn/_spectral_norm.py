@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from .._module import field
+from ._frozen import unfrozen
 from ._linear import check_key
 from ._sequential import StatefulLayer
 from ._stateful import State, StateIndex
@@ -102,7 +103,7 @@ class SpectralNorm(StatefulLayer, Generic[_Layer]):
         *,
         key: PRNGKeyArray,
     ):
-        weight = getattr(layer, weight_name, None)
+        weight = unfrozen(getattr(layer, weight_name, None))
         if weight is None or not hasattr(weight, "ndim"):
             raise ValueError(
                 f"SpectralNorm: the layer {type(layer).__name__} has no array "
@@ -168,7 +169,7 @@ class SpectralNorm(StatefulLayer, Generic[_Layer]):
         if inference is None:
             inference = self.inference
         u, v = state.get(self.uv_index)
-        weight = getattr(self.layer, self.weight_name)
+        weight = unfrozen(getattr(self.layer, self.weight_name))
         matrix = _as_matrix(weight)
         if not inference:
             fixed = jax.lax.stop_gradient(matrix)

@@ -14,6 +14,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._filters import is_array
 from .._module import Module, field
 from .._tree import tree_at
+from ._frozen import unfrozen
 
 __all__ = ["WeightNorm"]
 
@@ -101,7 +102,7 @@ class WeightNorm(Module, Generic[_Layer]):
                 f"WeightNorm: {type(layer).__name__} has no field {weight_name!r}; "
                 "pass weight_name=... naming the weight array to normalise."
             )
-        weight = getattr(layer, weight_name)
+        weight = unfrozen(getattr(layer, weight_name))
         if not is_array(weight):
             raise ValueError(
                 f"WeightNorm: {type(layer).__name__}.{weight_name} must be an array "
@@ -129,7 +130,7 @@ class WeightNorm(Module, Generic[_Layer]):
 
         **Returns:** `layer(x)`, computed with the weight `g * v / norm(v)`.
         """
-        v = getattr(self.layer, self.weight_name)
+        v = unfrozen(getattr(self.layer, self.weight_name))
         weight = v * self.g / self._norm(v)
         layer = _with_weight(self.layer, self.weight_name, weight)
         return layer(x)  # pyright: ignore[reportCallIssue]

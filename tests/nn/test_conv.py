@@ -261,6 +261,24 @@ def test_conv_filter_grad_gives_weight_and_bias_gradients():
     assert grads.kernel_size == conv.kernel_size
 
 
+@pytest.mark.parametrize("cls", [fx.nn.Conv1d, fx.nn.ConvTranspose1d])
+def test_a_frozen_weight_is_used_and_gets_no_gradient(cls):
+    conv = cls(3, 2, 3, key=KEY)
+    frozen = fx.tree_at(lambda c: c.weight, conv, replace_fn=fx.NonDifferentiable)
+    x = _normal(1, (3, 5))
+    np.testing.assert_allclose(frozen(x), conv(x), rtol=1e-6)
+
+    def loss(c: Any, x: jax.Array) -> jax.Array:
+        return jnp.sum(c(x) ** 2)
+
+    grads = fx.filter_grad(loss)(frozen, x)
+    assert grads.weight is None
+    np.testing.assert_allclose(grads.bias, fx.filter_grad(loss)(conv, x).bias, 1e-5)
+    # Differentiating everything, frozen values included, still gives none.
+    everything = jax.grad(loss)(frozen, x)
+    np.testing.assert_allclose(everything.weight.value, 0.0)
+
+
 @pytest.mark.parametrize(
     "n, stride, padding, dilation, groups",
     [

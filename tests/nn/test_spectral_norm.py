@@ -189,3 +189,21 @@ def test_fields_are_equinox_s():
     layer, state = _make()
     assert layer.uv_index.marker == "SpectralNorm.uv_index"
     assert repr(state) == "State(SpectralNorm.uv_index=(f32[4], f32[5]))"
+
+
+def test_a_frozen_weight_is_normalised_and_gets_no_gradient():
+    key = jax.random.key(0)
+    layer = fx.nn.Linear(3, 2, key=key)
+    frozen = fx.tree_at(lambda m: m.weight, layer, replace_fn=fx.NonDifferentiable)
+    x = jnp.arange(3.0)
+    outputs, grads = [], []
+    for wrapped in (layer, frozen):
+        model, state = fx.nn.make_with_state(fx.nn.SpectralNorm)(
+            wrapped, "weight", key=key
+        )
+        fresh = jax.tree.map(lambda v: v, state)  # the call uses `state` up
+        outputs.append(model(x, state)[0])
+        grads.append(fx.filter_grad(lambda m, s: m(x, s)[0].sum())(model, fresh))
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-6)
+    assert grads[1].layer.weight is None
+    np.testing.assert_allclose(grads[1].layer.bias, grads[0].layer.bias, rtol=1e-6)

@@ -191,3 +191,17 @@ def test_bad_configuration_says_what_was_expected():
         fx.nn.WeightNorm(linear, weight_name="in_features")
     with pytest.raises(ValueError, match=r"axis=2.*shape \(3, 4\).*\[-2, 2\)"):
         fx.nn.WeightNorm(linear, axis=2)
+
+
+def test_a_frozen_weight_is_normalised_and_gets_no_gradient():
+    layer = fx.nn.Linear(3, 2, key=KEY)
+    frozen = fx.tree_at(lambda m: m.weight, layer, replace_fn=fx.NonDifferentiable)
+    x = jnp.arange(3.0)
+    np.testing.assert_allclose(
+        fx.nn.WeightNorm(frozen)(x), fx.nn.WeightNorm(layer)(x), rtol=1e-6
+    )
+    grads = fx.filter_grad(lambda n: fx.nn.WeightNorm(n.layer)(x).sum())(
+        fx.nn.WeightNorm(frozen)
+    )
+    assert grads.layer.weight is None
+    assert grads.g.shape == (2, 1)
