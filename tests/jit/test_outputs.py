@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,4 +116,25 @@ def test_the_collector_runs_again_after_a_failed_rebuild() -> None:
     output = MixedOutput([], _FailingStatic())  # pyright: ignore[reportArgumentType]
     with pytest.raises(RuntimeError, match="rebuild failed"):
         output.rebuild(lambda: [])
+    assert gc.isenabled()
+
+
+def test_threads_rebuilding_at_once_leave_the_collector_running() -> None:
+    x = jnp.ones(2)
+    tagged(x, 50)  # compile once, before the threads start
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(50):
+                tagged(x, 50)
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
     assert gc.isenabled()
