@@ -4,10 +4,6 @@ timings compare the same work."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import jax
@@ -16,22 +12,7 @@ import pytest
 
 import filterax as fx
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_dispatch.py"
-
-
-@pytest.fixture(scope="module")
-def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("bench_dispatch", BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Registered before it runs: its Modules are dataclasses, which look their
-    # module up in `sys.modules`.
-    sys.modules["bench_dispatch"] = module
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules["bench_dispatch"]
+BENCHMARK = "bench_dispatch"  # loaded by the `bench` fixture (conftest.py)
 
 
 def _array_leaves(tree: object) -> list[np.ndarray]:

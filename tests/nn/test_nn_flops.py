@@ -10,10 +10,6 @@ code. Sizes are smaller than the benchmark's so that compiling stays cheap.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -23,22 +19,7 @@ import pytest
 
 import filterax as fx
 
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_nn.py"
-
-
-@pytest.fixture(scope="module")
-def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("bench_nn", BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Registered before it runs: its Modules are dataclasses, which look their
-    # module up in `sys.modules`.
-    sys.modules["bench_nn"] = module
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules["bench_nn"]
+BENCHMARK = "bench_nn"  # loaded by the `bench` fixture (conftest.py)
 
 
 def _keys() -> tuple[jax.Array, jax.Array]:
