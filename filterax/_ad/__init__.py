@@ -27,6 +27,7 @@ from ._nondiff import (
     is_non_differentiable,
     trainable,
     unfreeze,
+    unfrozen,
 )
 from ._symbolic_zero import SymbolicZero, zero_cotangent
 from ._vjp import filter_vjp
@@ -48,5 +49,6 @@ __all__ = [
     "is_non_differentiable",
     "trainable",
     "unfreeze",
+    "unfrozen",
     "zero_cotangent",
 ]

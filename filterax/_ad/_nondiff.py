@@ -23,6 +23,7 @@ __all__ = [
     "partition_differentiable",
     "trainable",
     "unfreeze",
+    "unfrozen",
 ]
 
 
@@ -34,7 +35,10 @@ def _stop_gradient_leaf(leaf: Any) -> Any:
     return leaf
 
 
-def _unwrap(x: Any) -> Any:
+def unfrozen(x: Any) -> Any:
+    """`x`, or its `.value` (gradients stopped) if it is a `NonDifferentiable`:
+    for operands that JAX functions must see as arrays. The wrapper's
+    operators use it, and so do `nn` layers passing a parameter to `lax`."""
     return x.value if isinstance(x, NonDifferentiable) else x
 
 
@@ -42,10 +46,10 @@ def _binary(
     op: Callable[[Any, Any], Any],
 ) -> tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any]]:
     def forward(self: NonDifferentiable, other: Any) -> Any:
-        return op(self.value, _unwrap(other))
+        return op(self.value, unfrozen(other))
 
     def reflected(self: NonDifferentiable, other: Any) -> Any:
-        return op(_unwrap(other), self.value)
+        return op(unfrozen(other), self.value)
 
     return forward, reflected
 

@@ -7,8 +7,8 @@ root package, which imports this one: the import graph has no circle. Nothing
 outside `filterax/__init__.py` imports this package.
 
 May import: the core's public names from `_module`, `_filters`, `_tree`,
-`_pretty`, `_mapping`, `_eval_shape`, `_state`, `_missing`, and `_ad` (for
-`NonDifferentiable`, in `_frozen.py`); `jax`, `jaxtyping`.
+`_pretty`, `_mapping`, `_eval_shape`, `_state`, `_missing`, and `_ad`'s
+`unfrozen` (a frozen parameter as the array `lax` needs); `jax`, `jaxtyping`.
 """
 
 from typing import NoReturn as _NoReturn

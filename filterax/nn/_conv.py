@@ -18,8 +18,8 @@ import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, Inexact, PRNGKeyArray
 
+from .._ad import unfrozen
 from .._module import Module, field
-from ._frozen import unfrozen
 from ._linear import uniform_init
 
 __all__ = [

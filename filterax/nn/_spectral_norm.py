@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Inexact, PRNGKeyArray
 
+from .._ad import unfrozen
 from .._module import field
-from ._frozen import unfrozen
 from ._linear import check_key
 from ._sequential import StatefulLayer
 from ._stateful import State, StateIndex

@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from .._ad import unfrozen
 from .._filters import is_array
 from .._module import Module, field
 from .._tree import tree_at
-from ._frozen import unfrozen
 
 __all__ = ["WeightNorm"]
 
