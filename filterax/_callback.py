@@ -74,8 +74,11 @@ def filter_pure_callback(
         call_args, call_kwargs = in_static.merge(host_dynamic)
         out = callback(*call_args, **call_kwargs)
         out_dynamic, out_static_part = split(out, _is_struct)
+        # As `jax.pure_callback`: a 64-bit result stands for its 32-bit
+        # declaration when 64-bit types are disabled (NumPy's defaults).
         if out_static_part == out_static and expected_shapes == [
-            (leaf.shape, leaf.dtype) for leaf in out_dynamic
+            (leaf.shape, jax.dtypes.canonicalize_dtype(leaf.dtype))
+            for leaf in out_dynamic
         ]:
             return out_dynamic
         # Only on a mismatch: name where the output parts from the expectation.

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 from jax.core import eval_jaxpr
 
+from ._compat import same_structure
 from ._eval_shape import is_shaped, traced_call
 from ._module import Module, field
 from ._split import StaticPart, split
@@ -46,7 +47,7 @@ class _ConvertedBase(Module):
         # Static values are compared with `==` alone: inside a trace JAX may
         # hand over a Python float as its own float subclass.
         if (
-            call_static.treedef != expected.treedef
+            not same_structure(call_static.treedef, expected.treedef)
             or call_static.mask != expected.mask
             or call_static.static != expected.static
             or tuple(map(_struct, dynamic)) != self.in_structs

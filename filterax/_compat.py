@@ -46,6 +46,32 @@ def register_dataclass_node(
         registry.register_dataclass_node(cls, list(data_fields), list(meta_fields))
 
 
+def same_structure(a: Any, b: Any) -> bool:
+    """Whether two treedefs (`jax.tree_util.PyTreeDef`) are equal, the classes
+    of their nodes included.
+
+    JAX's `PyTreeDef.__eq__` skips the class and field names of C++ dataclass
+    nodes, which `Module`s are: the structures of two Module classes with the
+    same number of fields and equal static values compare equal. The hash of a
+    treedef does cover them, so equal hashes are asked for as well.
+
+    ```python
+    >>> import jax
+    >>> import filterax as fx
+    >>> from filterax._compat import same_structure
+    >>> class Scale(fx.Module):
+    ...     w: float
+    >>> class Shift(fx.Module):
+    ...     w: float
+    >>> a, b = jax.tree.structure(Scale(1.0)), jax.tree.structure(Shift(1.0))
+    >>> same_structure(a, b), same_structure(a, jax.tree.structure(Scale(2.0)))
+    (False, True)
+
+    ```
+    """
+    return a == b and hash(a) == hash(b)
+
+
 def outputs_depending_on_inputs(closed_jaxpr: Any) -> list[bool]:
     """For each output of a jaxpr, whether it depends on any of its inputs (a
     conservative answer: an equation with any such input makes all its outputs

@@ -16,7 +16,8 @@ EQUINOX_NAMES: dict[str, dict[str, str]] = {
         "Enumeration": "use Python's `enum.Enum` with a static field",
         "EquinoxTracetimeError": "errors raised at trace time are ordinary Python "
         "exceptions in filterax",
-        "StrictConfig": "strict Modules are not implemented",
+        "StrictConfig": "strict Modules are not implemented (the class keywords "
+        "strict=True/False are accepted and ignored)",
         "internal": "Equinox's private namespace has no public counterpart; its "
         "loops are filterax's public `filter_scan`, `filter_while_loop`...",
     },

@@ -12,8 +12,8 @@ anyway (the values were checked when the tree was first built, inside the
 trace), so the result is the same tree of new objects.
 
 Modules are recognised by duck typing (a registered `__filterax_plan__` naming
-their data and static fields), so this module imports nothing from filterax.
-Each builder is checked once against JAX's unflatten before it is used.
+their data and static fields), so this module imports nothing from filterax
+but `_compat`. Each builder is checked once against JAX's unflatten before it is used.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.tree_util as jtu
+
+from ._compat import same_structure
 
 __all__ = ["flatten", "make_builder"]
 
@@ -150,6 +152,8 @@ def _agrees_with_jax(
     try:
         leaves, rebuilt = flatten(build(probes))
         dynamic = [leaf for leaf, kind in zip(leaves, mask) if kind]
-        return bool(rebuilt == treedef) and all(map(operator.is_, dynamic, probes))
+        return same_structure(rebuilt, treedef) and all(
+            map(operator.is_, dynamic, probes)
+        )
     except Exception:
         return False

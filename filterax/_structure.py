@@ -191,11 +191,14 @@ def tree_flatten_one_level(pytree: Any) -> tuple[list[Any], PyTreeDef]:
 
 
 def tree_check(pytree: Any) -> None:
-    """Checks that `pytree` is a tree: no node contains itself, directly or
-    further down (a cycle would make every tree utility loop forever).
+    """Checks that `pytree` is a tree, as Equinox does: no node contains itself
+    (a cycle would make every tree utility loop forever), and no node with
+    children appears twice. A node appearing twice (the same layer put in two
+    places, say) becomes two independent copies as soon as the tree crosses a
+    transform, which is rarely what was meant; see `filterax.nn.Shared` for
+    layers that should stay tied.
 
-    The same leaf, or the same node, may appear several times in different
-    places: that is a repeated subtree, not a cycle.
+    Leaves, `None` and empty nodes may repeat.
 
     **Arguments:**
 
@@ -203,41 +206,51 @@ def tree_check(pytree: Any) -> None:
 
     **Returns:** `None`.
 
-    **Raises:** `ValueError` naming the key path where a node reappears inside
-    itself.
+    **Raises:** `ValueError` naming the key paths where a node reappears,
+    inside itself or elsewhere.
 
     ```python
     >>> import filterax as fx
-    >>> fx.tree_check([None, 0, 0])
-    >>> loop = []
-    >>> loop.append(loop)
-    >>> fx.tree_check(loop)
+    >>> fx.tree_check([None, 0, 0, [], []])
+    >>> layer = [1.0]
+    >>> fx.tree_check({"a": layer, "b": layer})
     Traceback (most recent call last):
     ...
-    ValueError: tree_check: the list at pytree[0] is also its own ancestor (at pytree): a pytree must not contain cycles.
+    ValueError: tree_check: the list at pytree['b'] is the very object at pytree['a']: a node with children may appear only once in a pytree (it would become two independent copies when the tree crosses a transform).
 
     ```
     """
-    ancestors: dict[int, KeyPath] = {}
+    ancestors: set[int] = set()
+    # id -> (node, path); holding the node keeps its id from being reused.
+    seen: dict[int, tuple[Any, KeyPath]] = {}
 
     def visit(node: Any, path: KeyPath) -> None:
         level = one_level(node)
         if level is None or not level.children:
             return
         key = id(node)
-        if key in ancestors:
+        if key in seen:
+            first = path_text("pytree", seen[key][1])
+            if key in ancestors:
+                raise ValueError(
+                    f"tree_check: the {type(node).__name__} at "
+                    f"{path_text('pytree', path)} is also its own ancestor (at "
+                    f"{first}): a pytree must not contain cycles."
+                )
             raise ValueError(
                 f"tree_check: the {type(node).__name__} at "
-                f"{path_text('pytree', path)} is also its own ancestor (at "
-                f"{path_text('pytree', ancestors[key])}): a pytree must not "
-                "contain cycles."
+                f"{path_text('pytree', path)} is the very object at {first}: a "
+                "node with children may appear only once in a pytree (it would "
+                "become two independent copies when the tree crosses a "
+                "transform)."
             )
-        ancestors[key] = path
+        seen[key] = (node, path)
+        ancestors.add(key)
         try:
             for child_key, child in zip(level.keys, level.children):
                 visit(child, (*path, child_key))
         finally:
-            del ancestors[key]
+            ancestors.discard(key)
 
     visit(pytree, ())
 

@@ -11,6 +11,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
+from ._compat import same_structure
 from ._filters import is_array, is_key_array
 from ._structure import path_text
 from ._typing import PyTree
@@ -275,6 +276,26 @@ def _rebuild(
     return position.treedef.unflatten([node for node, _ in rebuilt]), True
 
 
+def _count_nones(position: _Position) -> int:
+    if position.children is None:
+        return position.original is None
+    return sum(map(_count_nones, position.children))
+
+
+def _refuse_one_none_of_several(root: _Position, positions: list[_Position]) -> None:
+    """Equinox tells a selected `None` apart by identity, so it refuses one of
+    several (they are one object); filterax refuses it too, for the same
+    programs to behave alike."""
+    for position in positions:
+        if position.original is None and _count_nones(root) > 1:
+            raise ValueError(
+                f"tree_at: `where` selects the None at {path_text('', position.path)}, "
+                "one of several Nones in `pytree` (each an empty subtree to JAX). "
+                "Pass `is_leaf=lambda x: x is None` to treat them as leaves, one "
+                "of which can be replaced."
+            )
+
+
 def tree_at(
     where: Callable[[Any], Any],
     pytree: PyTree,
@@ -293,11 +314,12 @@ def tree_at(
 
     - `where`: a callable `pytree -> node` or `pytree -> sequence of nodes`
       (list or tuple), e.g. `lambda m: m.layers[-1].bias`. A node may be a
-      leaf or a whole subtree; a `None` only with `is_leaf=lambda x: x is None`
-      (to JAX it is an empty subtree). `where` may only index into the
-      structure of `pytree`: it is also run on a copy whose leaves are
-      placeholders, which is how repeated values are told apart, and an index
-      past the end of a list there names the list's key path.
+      leaf, a whole subtree or a `None` (an empty subtree to JAX); one of
+      several `None`s needs `is_leaf=lambda x: x is None`, as in Equinox.
+      `where` may only index into the structure of `pytree`: it is also run
+      on a copy whose leaves are placeholders, which is how repeated values
+      (small ints, say) are told apart, and an index past the end of a list
+      there names the list's key path.
     - `pytree`: the pytree to modify; any registered pytree, Modules included.
     - `replace`: the new value of the selected node; when `where` returns a
       sequence, a sequence of new values of the same length.
@@ -311,8 +333,8 @@ def tree_at(
     **Raises:** `ValueError` when not exactly one of `replace` and `replace_fn`
     is given; when `where` returns something that is not a node of `pytree`
     (a freshly built array, a computed value) or depends on leaf values; when
-    it selects a node twice, a node and another node inside it, or a `None`
-    without `is_leaf`; when it fails on the placeholder copy (an index past
+    it selects a node twice, a node and another node inside it, or one of
+    several `None`s without `is_leaf`; when it fails on the placeholder copy (an index past
     the end of a list, say, naming the list's key path); or when the number
     of `replace` values does not match the number of nodes.
     `TypeError` when `where` or `replace_fn` is not callable.
@@ -322,7 +344,7 @@ def tree_at(
     >>> params = {"layers": [1.0, 2.0], "bias": None}
     >>> fx.tree_at(lambda p: p["layers"][1], params, 5.0)
     {'bias': None, 'layers': [1.0, 5.0]}
-    >>> fx.tree_at(lambda p: p["bias"], params, 0.0, is_leaf=lambda x: x is None)
+    >>> fx.tree_at(lambda p: p["bias"], params, 0.0)
     {'bias': 0.0, 'layers': [1.0, 2.0]}
     >>> fx.tree_at(lambda p: p["layers"], params, replace_fn=lambda l: l[::-1])
     {'bias': None, 'layers': [2.0, 1.0]}
@@ -346,14 +368,8 @@ def tree_at(
     by_id: dict[int, Any] = {}
     root = _index_tree(pytree, (), is_leaf, by_id)
     positions, is_sequence = _select(where, pytree, root, by_id)
-    for position in positions:
-        if position.original is None and not (is_leaf is not None and is_leaf(None)):
-            raise ValueError(
-                f"tree_at: `where` selects the None at {path_text('', position.path)}. "
-                "To JAX, None is an empty subtree, not a leaf, so which node is "
-                "meant is ambiguous. Pass `is_leaf=lambda x: x is None` to treat "
-                "None as a leaf that can be replaced."
-            )
+    if not (is_leaf is not None and is_leaf(None)):
+        _refuse_one_none_of_several(root, positions)
 
     if has_replace_fn:
         functions = [replace_fn] * len(positions)
@@ -495,10 +511,10 @@ def tree_equal(
     for other in pytrees[1:]:
         leaves, treedef = jtu.tree_flatten(other)
         try:
-            same_structure = bool(treedef == first_def)
+            same = same_structure(treedef, first_def)
         except Exception:  # static metadata whose `==` has no truth value
-            same_structure = False
-        if not same_structure:
+            same = False
+        if not same:
             return False
         for x, y in zip(first_leaves, leaves):
             equal = _leaves_equal(x, y, typematch, rtol, atol)

@@ -48,6 +48,34 @@ def test_registered_node_flattens_for_jit_dispatch():
     assert out == 3.0
 
 
+def _dataclass_nodes(*names: str) -> list[type]:
+    classes = []
+    for name in names:
+        cls = type(name, (), {"__init__": lambda self, **kw: self.__dict__.update(kw)})
+        _compat.register_dataclass_node(cls, ["w"], [])
+        classes.append(cls)
+    return classes
+
+
+def test_same_structure_tells_dataclass_node_classes_apart_at_any_depth():
+    # JAX's own `==` on treedefs ignores the class of a dataclass node; the
+    # workaround relies on the treedef hash covering it.
+    A, B = _dataclass_nodes("A", "B")
+    trees = [
+        (A(w=1), B(w=1)),
+        ((A(w=1), 2), (B(w=1), 2)),
+        ({"x": [A(w=1)]}, {"x": [B(w=1)]}),
+        (A(w=B(w=1)), A(w=A(w=1))),
+    ]
+    for a, b in trees:
+        assert not _compat.same_structure(jtu.tree_structure(a), jtu.tree_structure(b))
+        assert _compat.same_structure(jtu.tree_structure(a), jtu.tree_structure(a))
+    assert _compat.same_structure(
+        jtu.tree_structure(A(w=B(w=1))), jtu.tree_structure(A(w=B(w=2.0)))
+    )
+    assert not _compat.same_structure(jtu.tree_structure([1]), jtu.tree_structure((1,)))
+
+
 def test_jaxpr_dependency_analysis_sees_constant_outputs():
     import jax.numpy as jnp
 

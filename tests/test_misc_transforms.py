@@ -237,6 +237,34 @@ def test_pure_callback_wrong_output_shape_names_the_output_path():
         )
 
 
+def test_pure_callback_takes_numpy_64_bit_results_for_32_bit_declarations():
+    # As `jax.pure_callback` does with 64-bit types disabled.
+    def host(x):
+        return np.asarray(x, np.float64) * 2, np.arange(2)  # float64, int64
+
+    spec = (
+        jax.ShapeDtypeStruct((2,), jnp.float32),
+        jax.ShapeDtypeStruct((2,), jnp.int32),
+    )
+    doubled, counts = fx.filter_pure_callback(
+        host, jnp.ones(2), result_shape_dtypes=spec
+    )
+    assert doubled.dtype == jnp.float32 and counts.dtype == jnp.int32
+    np.testing.assert_allclose(doubled, [2.0, 2.0])
+    np.testing.assert_array_equal(counts, [0, 1])
+
+
+def test_pure_callback_wrong_output_dtype_is_an_error():
+    def host(x):
+        return np.zeros(2, np.int32)
+
+    spec = jax.ShapeDtypeStruct((2,), jnp.float32)
+    with pytest.raises(Exception, match=r"expected f32\[2\], got i32\[2\]"):
+        jax.block_until_ready(
+            fx.filter_pure_callback(host, jnp.ones(2), result_shape_dtypes=spec)
+        )
+
+
 # --- clear_caches --------------------------------------------------------------------
 
 

@@ -146,9 +146,19 @@ def test_path_text():
 # --- tree_check, tree_flatten_one_level ---------------------------------------------
 
 
-def test_tree_check_accepts_repeated_subtrees_and_refuses_cycles():
+def test_tree_check_refuses_a_node_twice_and_cycles_as_equinox_does():
     shared = [1, 2]
-    fx.tree_check([shared, shared, fx.Module()])
+    with pytest.raises(
+        ValueError, match=r"list at pytree\[1\] is the very object at pytree\[0\]"
+    ):
+        fx.tree_check([shared, shared])
+    layer = fx.nn.Linear(2, 2, key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"Linear at pytree\[1\]\[0\]"):
+        fx.tree_check([layer, (layer,)])
+    # Leaves, None and empty nodes may repeat; equal but distinct nodes too.
+    empty = fx.Module()
+    fx.tree_check([1, 1, None, None, [], (), empty, empty, [1], [1]])
+    fx.tree_check([fx.nn.Linear(2, 2, key=jax.random.key(0)) for _ in range(2)])
     outer: list = []
     inner = [outer]
     outer.append(inner)

@@ -46,9 +46,21 @@ def test_tree_at_replaces_a_none_leaf_when_none_is_a_leaf():
     assert fx.tree_at(lambda t: t[1], tree, 5, is_leaf=_none_is_leaf) == [None, 5, 1]
 
 
-def test_tree_at_refuses_to_select_none_without_is_leaf():
-    with pytest.raises(ValueError, match=r"selects the None at \[1\].*is_leaf"):
+def test_tree_at_replaces_the_only_none_without_is_leaf_as_equinox_does():
+    assert fx.tree_at(lambda t: t["b"], {"a": 1, "b": None}, 2) == {"a": 1, "b": 2}
+    assert fx.tree_at(lambda t: t[0][0], [[None], 1], replace_fn=str) == [["None"], 1]
+
+
+def test_tree_at_refuses_one_of_several_nones_without_is_leaf():
+    with pytest.raises(ValueError, match=r"None at \[1\], one of several.*is_leaf"):
         fx.tree_at(lambda t: t[1], [None, None, 1], 5)
+
+
+def test_tree_at_gives_a_bias_to_a_linear_layer_without_one():
+    layer = fx.nn.Linear(2, 3, use_bias=False, key=jax.random.key(0))
+    with_bias = fx.tree_at(lambda lin: lin.bias, layer, jnp.zeros(3))
+    np.testing.assert_allclose(with_bias.bias, jnp.zeros(3))
+    assert layer.bias is None
 
 
 def test_tree_at_index_past_the_end_of_a_list_names_its_key_path():

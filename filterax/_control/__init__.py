@@ -15,7 +15,8 @@
 - `_schedule.py`: which steps that buffer keeps, and where the backward pass
   places new checkpoints.
 
-May import: `jax`, and from filterax only `_split`, `_structure` and `_filters`.
+May import: `jax`, and from filterax only `_split`, `_structure`, `_filters`
+and `_compat`.
 """
 
 from ._cond import filter_cond, filter_switch

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
+from .._compat import same_structure
 from .._filters import is_ref
 from .._split import StaticPart, interleave, split
 from .._structure import TreeDifference, array_text, describe_value, tree_diff
@@ -64,7 +65,7 @@ class Parts:
             return self.static == other.static
         except TypeError:  # an unhashable static leaf: compare leaf by leaf
             return (
-                self.static.treedef == other.static.treedef
+                same_structure(self.static.treedef, other.static.treedef)
                 and not any(
                     _static_leaves_differ(a, b)
                     for a, b in zip(self.static.static, other.static.static)

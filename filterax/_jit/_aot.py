@@ -9,6 +9,8 @@ are passed on, and the output is rebuilt as the `filter_jit` function's.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -26,9 +28,11 @@ __all__ = ["CallPlan", "CompiledCall", "Lowered"]
 
 class CallPlan:
     """What a lowered call fixed: the static key, the arrays inside the
-    function, and how many argument arrays are kept (not donated)."""
+    function, how many argument arrays are kept (not donated), and how the
+    wrapper arranges a call before passing it on."""
 
     __slots__ = (
+        "arrange",
         "donates",
         "example",
         "fun_dynamic",
@@ -47,7 +51,9 @@ class CallPlan:
         args: tuple,
         kwargs: dict,
         dynamic: list[Any],
+        arrange: Callable[[tuple, dict], tuple[tuple, dict]],
     ):
+        self.arrange = arrange
         self.key = key
         self.fun_dynamic = fun_dynamic
         self.n_kept = n_kept
@@ -58,6 +64,7 @@ class CallPlan:
 
     def arguments(self, args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
         """`(kept, donated)` dynamic leaves of a call, checked against the plan."""
+        args, kwargs = self.arrange(args, kwargs)
         key = self.key
         dynamic: list[Any] = []
         try:
@@ -75,6 +82,14 @@ class CallPlan:
                 "dtypes, or lower it again."
             )
         return dynamic[: self.n_kept], dynamic[self.n_kept :]
+
+    def with_first(self, first: Any) -> CallPlan:
+        """This plan, for calls that leave out the first positional argument
+        (a method's `self`): `first` is put in front of theirs."""
+        plan = copy.copy(self)
+        arrange = self.arrange
+        plan.arrange = lambda args, kwargs: arrange((first, *args), kwargs)
+        return plan
 
     def inputs(self, kept: list[Any], donated: list[Any]) -> list[Any]:
         """The traced inputs in the body's order, for mapping returned Refs."""
@@ -117,6 +132,11 @@ class Lowered:
         with donation_warning_ignored(self._plan.silence):
             compiled = self._lowered.compile(compiler_options=compiler_options)
         return CompiledCall(compiled, self._plan)
+
+    def bound_to(self, first: Any) -> Lowered:
+        """This lowered call, compiling to a function that takes its arguments
+        but the first, which is `first` (a bound method's instance)."""
+        return Lowered(self._lowered, self._plan.with_first(first))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._lowered, name)

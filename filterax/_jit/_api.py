@@ -4,6 +4,7 @@ two routes a call takes."""
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
@@ -83,6 +84,11 @@ class JitWrapper:
         """The positional arguments of the direct body for this call, or `None`
         to take the keyed route."""
         return self.fun_dynamic, args, kwargs
+
+    def _arrange(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        """The call as this wrapper passes it on (the same, but for the
+        `*-except-first` modes)."""
+        return args, kwargs
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -203,6 +209,7 @@ class JitWrapper:
 
         ```
         """
+        args, kwargs = self._arrange(args, kwargs)
         depth = silencing_depth()
         try:
             try:
@@ -220,6 +227,7 @@ class JitWrapper:
                 args,
                 kwargs,
                 dynamic,
+                self._arrange,
             )
             with donation_warning_ignored(self.mode.silences_warning):
                 lowered = self.compiled.keyed.lower(key, *plan.groups(kept, donated))
@@ -240,12 +248,43 @@ class JitWrapper:
 
 class _ExceptFirstJitWrapper(JitWrapper):
     """For `donate="warn-except-first"`: the direct route passes the first
-    argument apart, so that it is not donated."""
+    argument apart, so that it is not donated. A first argument passed by
+    keyword is passed by position instead, so that it is kept all the same."""
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        if not args and kwargs:
+            args, kwargs = self._arrange(args, kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def _arrange(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        """A call given by keyword only, with the function's first parameter
+        moved to the front if it was given."""
+        if args or not kwargs:
+            return args, kwargs
+        name = self.__dict__.get("_first_parameter", _ABSENT)
+        if name is _ABSENT:
+            name = self._first_parameter = _first_parameter_name(self.fun)
+        if name is None or name not in kwargs:
+            return args, kwargs
+        rest = dict(kwargs)
+        return (rest.pop(name),), rest
 
     def _direct_groups(self, args: tuple, kwargs: dict) -> tuple | None:
         if not args:
             return None
         return self.fun_dynamic, args[:1], args[1:], kwargs
+
+
+def _first_parameter_name(fun: Callable[..., Any]) -> str | None:
+    """The name of `fun`'s first parameter when it may be passed by position
+    or by keyword, else `None`."""
+    try:
+        parameters = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if parameters and parameters[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+        return parameters[0].name
+    return None
 
 
 class _SilencingMixin(JitWrapper):
@@ -320,8 +359,11 @@ class _JitBoundMethod(functools.partial):
         return self.args[0]
 
     def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
-        """As [`filter_jit(...).lower`][filterax.filter_jit], for this method."""
-        return self.__func__.lower(self.args[0], *args, **kwargs)
+        """As [`filter_jit(...).lower`][filterax.filter_jit], for this method:
+        the compiled function is called without the instance, as the method
+        is."""
+        instance = self.args[0]
+        return self.__func__.lower(instance, *args, **kwargs).bound_to(instance)
 
     def __repr__(self) -> str:
         return f"<bound method {self.func!r} of {self.args[0]!r}>"
@@ -369,7 +411,8 @@ def filter_jit(fun: Any = None, *, donate: Donate = "none") -> Any:
       `@filter_jit(donate="all")`.
     - `donate`: which argument buffers JAX may reuse for the outputs.
       `"none"` (default); `"all"`: every array argument; `"all-except-first"`:
-      all but those in the first positional argument; `"warn"` and
+      all but those in the first argument (by position, or by keyword under
+      the name of `fun`'s first parameter); `"warn"` and
       `"warn-except-first"`: the same, but JAX's "Some donated buffers were
       not usable" warning is shown (the other modes silence it). Arrays inside
       `fun` itself (`filter_jit(model, donate="all")`) are donated by every mode

@@ -276,6 +276,12 @@ class _Reader:
         return self._next_token()  # a static leaf: its type, then its value
 
 
+class UnhashableArgumentError(TypeError, ValueError):
+    """A static argument leaf that cannot be hashed. A `TypeError`, as
+    filterax documents, and a `ValueError`, as Equinox raises: code catching
+    either keeps working."""
+
+
 def raise_if_unhashable(args: tuple, kwargs: dict) -> None:
     """Raises a `TypeError` naming the first unhashable static argument leaf."""
     leaves_with_paths = jtu.tree_leaves_with_path((args, kwargs))
@@ -286,7 +292,7 @@ def raise_if_unhashable(args: tuple, kwargs: dict) -> None:
         try:
             hash(leaf)
         except TypeError as error:
-            raise TypeError(
+            raise UnhashableArgumentError(
                 f"filter_jit: the argument at {argument_path(path)} is an "
                 f"unhashable {type(leaf).__name__} ({error}). filter_jit traces "
                 "array leaves and treats every other leaf as static, so it must "

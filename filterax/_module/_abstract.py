@@ -192,10 +192,16 @@ def resolve_abstract_attributes(
 
 
 def abstract_error(
-    cls: type, abstract_vars: frozenset[str], abstract_class_vars: frozenset[str]
+    cls: type,
+    abstract_vars: frozenset[str],
+    abstract_class_vars: frozenset[str],
+    declared_abstract: bool = False,
 ) -> str | None:
-    """The message for instantiating `cls`, or `None` when nothing is missing."""
+    """The message for instantiating `cls`, or `None` when nothing is missing
+    and the class was not declared abstract (`is_abstract=True`)."""
     problems = []
+    if declared_abstract:
+        problems.append("it is declared with `is_abstract=True`")
     if abstract_vars:
         problems.append(
             "abstract attributes not provided: "

@@ -713,7 +713,8 @@ _BOUND_METHOD_TYPES: list[type] = []  # filled by `_module.py` with `BoundMethod
 def module_setattr(self: Any, name: str, value: Any) -> None:
     if id(self) in _INITIALISING:
         if name not in type(self).__filterax_plan__.field_names:
-            raise AttributeError(
+            # An `AttributeError`, of the type Equinox raises here.
+            raise dataclasses.FrozenInstanceError(
                 f"{type(self).__qualname__} has no field {name!r}; declare it "
                 f"in the class body (`{name}: <type>`) before assigning it."
             )

@@ -71,8 +71,13 @@ class _ModuleMeta(abc.ABCMeta):
         name: str,
         bases: tuple[type, ...],
         namespace: dict[str, Any],
+        *,
+        is_abstract: bool = False,
+        strict: bool | None = False,
         **kwargs: Any,
     ) -> type:
+        # `strict` is accepted for Equinox code, which ignores it too.
+        del strict
         for attribute in ("__setattr__", "__delattr__"):
             if attribute in namespace:
                 raise TypeError(
@@ -92,9 +97,8 @@ class _ModuleMeta(abc.ABCMeta):
         # `__init__` runs.
         set_attribute("__setattr__", module_setattr)
         set_attribute("__delattr__", module_delattr)
-        for attr_name, value in namespace.items():
-            if isinstance(value, types.FunctionType) and not _is_dunder(attr_name):
-                set_attribute(attr_name, MethodDescriptor(value))
+        for attr_name, value in _methods_to_bind(cls, namespace):
+            set_attribute(attr_name, method_descriptor(value))
         inherited = None if "__init__" in namespace else _nearest_init(cls)
         custom_init = "__init__" in namespace or (
             inherited is not None and not _is_generated(inherited)
@@ -102,7 +106,9 @@ class _ModuleMeta(abc.ABCMeta):
         if custom_init and hasattr(cls, "__post_init__"):
             _warn_post_init_ignored(cls)
         plan = ClassPlan(
-            cls, custom_init, abstract_error(cls, abstract_vars, abstract_class_vars)
+            cls,
+            custom_init,
+            abstract_error(cls, abstract_vars, abstract_class_vars, is_abstract),
         )
         set_attribute("__filterax_plan__", plan)
         user_init = namespace.get("__init__", inherited)
@@ -123,7 +129,48 @@ class _ModuleMeta(abc.ABCMeta):
             # A decorator replacing __init__ (jaxtyping's `jaxtyped`) must not
             # see JAX's unflatten calls.
             value = guard_replaced_init(cls, value)
+        elif _binds_like_a_method(name, value):
+            value = method_descriptor(value)  # a method attached to the class later
         super().__setattr__(name, value)
+
+
+def _binds_like_a_method(name: str, value: Any) -> bool:
+    """Whether `value`, found as class attribute `name`, gives a method bound
+    to the instance when read from one: a function, or a callable such as a
+    `jax.jit`-decorated function. Dunder methods are left as they are, and so
+    are callables that are pytrees (`filter_jit` in a class body), which bind
+    into pytrees themselves."""
+    if _is_dunder(name):
+        return False
+    if isinstance(value, types.FunctionType):
+        return True
+    kind = type(value)
+    return (
+        callable(value)
+        and hasattr(kind, "__get__")
+        and not hasattr(kind, "__set__")  # a data descriptor manages itself
+        and not isinstance(value, (staticmethod, classmethod, MethodDescriptor))
+        and jtu.treedef_is_leaf(
+            jtu.tree_structure(value, is_leaf=lambda x: x is not value)
+        )
+    )
+
+
+def _methods_to_bind(cls: type, namespace: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The methods of a new Module class to wrap so that instances bind them
+    into a `BoundMethod`: those of its class body, and those it inherits from
+    classes that are not Modules (mixins), which no Module class wrapped."""
+    found = [(name, value) for name, value in namespace.items()]
+    seen = set(namespace)
+    for base in cls.__mro__[1:]:
+        if base is object or isinstance(base, _ModuleMeta):
+            seen.update(base.__dict__)
+            continue
+        for name, value in base.__dict__.items():
+            if name not in seen:
+                found.append((name, value))
+        seen.update(base.__dict__)
+    return [(name, value) for name, value in found if _binds_like_a_method(name, value)]
 
 
 class Module(metaclass=_ModuleMeta):
@@ -246,10 +293,10 @@ class MethodDescriptor:
         self.__func__ = func
         # Instance attributes, so that `doctest`, `inspect` and documentation
         # tools see the function's identity rather than this class's.
-        self.__module__ = func.__module__
-        self.__doc__ = func.__doc__
-        self.__name__ = func.__name__
-        self.__qualname__ = func.__qualname__
+        for attribute in ("__module__", "__doc__", "__name__", "__qualname__"):
+            value = getattr(func, attribute, None)
+            if value is not None:
+                setattr(self, attribute, value)
         self.__wrapped__ = func
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
@@ -260,3 +307,26 @@ class MethodDescriptor:
     @property
     def __isabstractmethod__(self) -> bool:
         return getattr(self.__func__, "__isabstractmethod__", False)
+
+
+class _CallableMethodDescriptor(MethodDescriptor):
+    """`MethodDescriptor` for a callable that is not a plain function but binds
+    like one (`jax.jit` of a method, say): its own binding decides, and a
+    method bound to the instance becomes a `BoundMethod`."""
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        bound = self.__func__.__get__(instance, owner)  # type: ignore[attr-defined]
+        if (
+            instance is not None
+            and type(bound) is types.MethodType
+            and bound.__self__ is instance
+        ):
+            return BoundMethod(bound.__func__, instance)
+        return bound
+
+
+def method_descriptor(value: Callable[..., Any]) -> MethodDescriptor:
+    """The class-level stand-in for a method (see `_binds_like_a_method`)."""
+    if isinstance(value, types.FunctionType):
+        return MethodDescriptor(value)
+    return _CallableMethodDescriptor(value)

@@ -10,6 +10,7 @@ from typing import Any, TypeVar, overload
 
 import jax
 
+from .._compat import same_structure
 from .._filters import is_array
 from .._module import Module, field, module_update_wrapper
 from .._pretty import tree_pformat
@@ -50,7 +51,7 @@ def _abstract(value: Any) -> Any:
 
 
 def _same(a: Any, b: Any) -> bool:
-    if jax.tree.structure(a) != jax.tree.structure(b):
+    if not same_structure(jax.tree.structure(a), jax.tree.structure(b)):
         return False
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         try:

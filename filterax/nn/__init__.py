@@ -7,8 +7,10 @@ root package, which imports this one: the import graph has no circle. Nothing
 outside `filterax/__init__.py` imports this package.
 
 May import: the core's public names from `_module`, `_filters`, `_tree`,
-`_pretty`, `_mapping`, `_eval_shape`, `_state`, `_missing`, and `_ad`'s
-`unfrozen` (a frozen parameter as the array `lax` needs); `jax`, `jaxtyping`.
+`_pretty`, `_mapping`, `_eval_shape`, `_state`, `_missing`, `_ad`'s
+`unfrozen` (a frozen parameter as the array `lax` needs) and `_compat`'s
+`same_structure` (treedefs compared with their node classes); `jax`,
+`jaxtyping`.
 """
 
 from typing import NoReturn as _NoReturn

@@ -4,6 +4,7 @@ and `dot_product_attention` (one head), and the `MultiheadAttention` layer."""
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -221,10 +222,15 @@ class MultiheadAttention(Module):
         *,
         key: PRNGKeyArray,
     ):
-        if not isinstance(num_heads, int) or num_heads < 1:
+        if (
+            isinstance(num_heads, bool)
+            or not isinstance(num_heads, numbers.Integral)
+            or num_heads < 1
+        ):
             raise ValueError(
                 f"MultiheadAttention needs a positive int num_heads; got {num_heads!r}."
             )
+        num_heads = int(num_heads)  # a NumPy integer read from a config file, say
         key_size = query_size if key_size is None else key_size
         value_size = query_size if value_size is None else value_size
         output_size = query_size if output_size is None else output_size

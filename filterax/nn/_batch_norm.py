@@ -56,8 +56,9 @@ class BatchNorm(StatefulLayer):
       [`inference_mode`][filterax.nn.inference_mode]).
     - `dtype`: the dtype of the parameters and running statistics. Defaults to
       `float32`, or `float64` when `jax_enable_x64` is on.
-    - `mode`: `"ema"` or `"batch"`, as above. When left out it is `"ema"`, and
-      a warning recommends choosing (`"batch"` for new code).
+    - `mode`: `"ema"` or `"batch"`, as above. When left out (or `"legacy"`,
+      Equinox's default value) it is `"ema"`, and a warning recommends
+      choosing (`"batch"` for new code).
 
     **Returns:** the layer. Build it with
     [`make_with_state`][filterax.nn.make_with_state] to get its state.
@@ -103,9 +104,9 @@ class BatchNorm(StatefulLayer):
         momentum: float = 0.99,
         inference: bool = False,
         dtype: Any = None,
-        mode: Literal["ema", "batch"] | None = None,
+        mode: Literal["ema", "batch", "legacy"] | None = None,
     ):
-        if mode is None:
+        if mode is None or mode == "legacy":  # Equinox's name for "not given"
             warnings.warn(
                 "BatchNorm(mode=...) was not given, so it is 'ema' (the historical "
                 "default). 'batch' normalises with the statistics of the batch "
@@ -154,9 +155,12 @@ class BatchNorm(StatefulLayer):
 
         def statistics(channel: Array) -> tuple[Array, Array]:
             mean = _batch_mean(jnp.mean(channel), self.axis_name)
-            centred = channel - mean
-            var = _batch_mean(jnp.mean(centred * jnp.conj(centred)), self.axis_name)
-            return mean, jnp.maximum(var, 0)
+            # `channel - mean` twice, not once: the same operations as
+            # Equinox's, so that gradients agree to the last bit (Adam turns
+            # rounding noise on a zero gradient into a full step).
+            squares = (channel - mean) * jnp.conj(channel - mean)
+            var = _batch_mean(jnp.mean(squares), self.axis_name)
+            return mean, jnp.maximum(0.0, var)
 
         return jax.vmap(statistics)(x)
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from typing_extensions import ParamSpec
 
+from .._compat import same_structure
 from .._module import Module, field
 from .._pretty import tree_pformat
 from .._tree import tree_at
@@ -277,7 +278,7 @@ class State:
         value = jtu.tree_map(jnp.asarray, value)
         old_leaves, old_structure = jtu.tree_flatten(old)
         new_leaves, new_structure = jtu.tree_flatten(value)
-        same = old_structure == new_structure and all(
+        same = same_structure(old_structure, new_structure) and all(
             a.shape == b.shape and a.dtype == b.dtype
             for a, b in zip(old_leaves, new_leaves)
         )

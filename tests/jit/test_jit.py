@@ -524,6 +524,20 @@ def test_donate_except_first_keeps_the_first_argument(donate):
     assert not params.is_deleted() and grads.is_deleted()
 
 
+@pytest.mark.parametrize("donate", ["all-except-first", "warn-except-first"])
+def test_donate_except_first_keeps_a_first_argument_passed_by_keyword(donate):
+    def step(params, grads):
+        return params + 1, grads * 2
+
+    jitted = fx.filter_jit(step, donate=donate)
+    params, grads = jnp.ones(3), jnp.ones(3)
+    jitted(grads=grads, params=params)
+    assert not params.is_deleted() and grads.is_deleted()
+    params, grads = jnp.ones(3), jnp.ones(3)
+    jitted.lower(params=params, grads=grads).compile()(grads=grads, params=params)
+    assert not params.is_deleted() and grads.is_deleted()
+
+
 def test_donate_except_first_with_a_static_leaf_first():
     params, grads = jnp.ones(3), jnp.ones(3)
     jitted = fx.filter_jit(lambda p, g: (p[0] + 1, g * 2), donate="all-except-first")
@@ -672,8 +686,9 @@ def test_compile_accepts_compiler_options():
 def test_lower_of_a_decorated_method():
     model = make_linear()
     lowered = model.scaled.lower(jnp.ones(3), 2.0)
+    # Called as the method is: without the instance it was lowered for.
     np.testing.assert_allclose(
-        lowered.compile()(model, jnp.ones(3), 2.0), model.scaled(jnp.ones(3), 2.0)
+        lowered.compile()(jnp.full(3, 2.0), 2.0), model.scaled(jnp.full(3, 2.0), 2.0)
     )
 
 
@@ -690,6 +705,12 @@ def test_unhashable_static_leaf_names_its_key_path():
     jitted = fx.filter_jit(lambda x, config: x)
     with pytest.raises(TypeError, match=r"args\[1\]\['opts'\].*unhashable set"):
         jitted(jnp.ones(1), {"opts": {1, 2}})
+
+
+def test_unhashable_static_leaf_error_is_also_the_value_error_equinox_raises():
+    jitted = fx.filter_jit(lambda x, config: x)
+    with pytest.raises(ValueError, match="unhashable set"):
+        jitted(jnp.ones(1), {1, 2})
 
 
 def test_unhashable_static_keyword_names_its_key_path():

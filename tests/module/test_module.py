@@ -155,6 +155,8 @@ def test_custom_init_assigning_an_undeclared_attribute_names_it():
 
     with pytest.raises(AttributeError, match="no field 'typo'"):
         Sloppy()
+    with pytest.raises(dataclasses.FrozenInstanceError):  # as Equinox raises
+        Sloppy()
 
 
 def test_init_state_does_not_leak_after_a_failing_init():
@@ -392,6 +394,26 @@ def test_string_annotations_are_recognised():
         namespace["Shape"]()
 
 
+def test_is_abstract_class_keyword_blocks_only_that_class():
+    class Base(fx.Module, is_abstract=True):
+        x: int
+
+    class Concrete(Base):
+        pass
+
+    with pytest.raises(TypeError, match="is_abstract=True"):
+        Base(1)
+    assert Concrete(2).x == 2
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_strict_class_keyword_of_equinox_code_is_accepted(strict):
+    class Layer(fx.Module, strict=strict):
+        x: int
+
+    assert Layer(1).x == 1
+
+
 def test_abc_abstractmethod_blocks_instantiation():
     class Layer(fx.Module):
         @abc.abstractmethod
@@ -439,6 +461,39 @@ def test_class_access_returns_the_plain_function():
     assert make_linear().scaled.__self__ is not None
 
 
+class _Mixin:
+    """Not a Module: its methods are inherited by one."""
+
+    def total(self, x):
+        return (self.w * x).sum()
+
+
+def test_methods_of_a_mixin_jit_decorated_or_attached_later_are_pytrees():
+    class Model(fx.Module, _Mixin):
+        w: jax.Array
+
+        @jax.jit
+        def jitted(self, x):
+            return (self.w * x).sum()
+
+    def attached(self, x):
+        return (self.w * x).sum()
+
+    Model.attached = attached
+    model = Model(jnp.array([1.0, 2.0]))
+    for name in ("total", "jitted", "attached"):
+        method = getattr(model, name)
+        assert isinstance(method, fx.BoundMethod), name
+        assert method.__self__ is model
+        assert jtu.tree_leaves(method) == [model.w]
+        # The gradient flows to the model through the method (it was `None`).
+        grads = fx.filter_grad(lambda f: f(1.0))(method)
+        np.testing.assert_allclose(grads.__self__.w, [1.0, 1.0])
+        assert jax.jit(lambda f, x: f(x))(method, 2.0) == 6.0
+    assert Model.total is _Mixin.total
+    assert Model.attached is attached
+
+
 def test_dunder_methods_are_not_wrapped():
     assert not isinstance(make_linear().__call__, fx.BoundMethod)
 
@@ -482,6 +537,23 @@ def test_equality_is_tree_equal():
     assert make_linear() == make_linear()
     other = Linear(jnp.zeros((2, 3)), jnp.ones(2))
     assert not (make_linear() == other)
+
+
+def test_modules_of_different_classes_with_the_same_fields_are_not_equal():
+    class Scale(fx.Module):
+        w: jax.Array
+
+    class Shift(fx.Module):
+        w: jax.Array
+
+    class Scale2(Scale):
+        pass
+
+    w = jnp.ones(2)
+    assert Scale(w) == Scale(w)
+    assert not (Scale(w) == Shift(w))
+    assert not (Scale(w) == Scale2(w))
+    assert fx.tree_equal([Scale(w)], [Shift(w)]) is False
 
 
 def test_hash_works_for_hashable_leaves_and_agrees_with_equality():

@@ -392,3 +392,13 @@ def test_input_errors_say_what_was_expected():
 def test_bad_num_heads_raises():
     with pytest.raises(ValueError, match="positive int num_heads; got 0"):
         fx.nn.MultiheadAttention(0, 4, key=KEY)
+    with pytest.raises(ValueError, match="positive int num_heads; got True"):
+        fx.nn.MultiheadAttention(True, 4, key=KEY)
+
+
+def test_num_heads_may_be_a_numpy_integer():
+    config = np.array([2, 4])  # hyperparameters read from a file
+    layer = fx.nn.MultiheadAttention(config[0], 4, key=KEY)
+    assert type(layer.num_heads) is int and layer.num_heads == 2
+    x = jnp.ones((3, 4))
+    assert layer(x, x, x).shape == (3, 4)
