@@ -87,10 +87,12 @@ class JitWrapper:
 
     def _arrange(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         """The call as this wrapper passes it on (the same, but for the
-        `*-except-first` modes)."""
+        `*-except-first` modes). Only called when no argument is positional."""
         return args, kwargs
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        if not args and kwargs:
+            args, kwargs = self._arrange(args, kwargs)
         try:
             if self.compiled.direct_ok is False:
                 return self._call_keyed(args, kwargs)
@@ -250,11 +252,6 @@ class _ExceptFirstJitWrapper(JitWrapper):
     """For `donate="warn-except-first"`: the direct route passes the first
     argument apart, so that it is not donated. A first argument passed by
     keyword is passed by position instead, so that it is kept all the same."""
-
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        if not args and kwargs:
-            args, kwargs = self._arrange(args, kwargs)
-        return super().__call__(*args, **kwargs)
 
     def _arrange(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         """A call given by keyword only, with the function's first parameter

@@ -538,8 +538,7 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
     init.__doc__ = _inherited_init_doc(cls)
-    if unflatten_only:
-        init.__signature__ = _public_signature(init, unflatten_only)  # type: ignore[attr-defined]
+    init.__signature__ = _public_signature(init, unflatten_only)  # type: ignore[attr-defined]
     plan.generated_init = init
     return init
 
@@ -593,12 +592,16 @@ def _unflatten_entry(
 def _public_signature(
     init: Callable[..., None], removed: frozenset[str]
 ) -> inspect.Signature:
-    """The signature of a generated `__init__` as users call it: without the
-    parameters only JAX's unflatten passes (`removed`), and with the hidden
-    defaults of required parameters taken off."""
+    """The signature of a generated `__init__` as users call it: its first
+    parameter named `self` (unless a field is), without the parameters only
+    JAX's unflatten passes (`removed`), and with the hidden defaults of
+    required parameters taken off."""
     signature = inspect.signature(init)
-    parameters = []
-    for parameter in signature.parameters.values():
+    first, *rest = signature.parameters.values()
+    if "self" not in signature.parameters:
+        first = first.replace(name="self")
+    parameters = [first]
+    for parameter in rest:
         if parameter.default is _UNSET:
             if parameter.name in removed:
                 continue

@@ -978,6 +978,19 @@ def test_generated_init_signature_shows_only_what_users_pass():
         Checked(jnp.ones(2), 1.0, __class__=int)
 
 
+def test_generated_init_names_its_first_parameter_self():
+    class Plain(fx.Module):
+        x: int
+
+    class OddField(fx.Module):
+        self: int
+
+    assert list(inspect.signature(Plain.__init__).parameters) == ["self", "x"]
+    # A field named `self` keeps the hidden name free.
+    assert list(inspect.signature(OddField.__init__).parameters)[1] == "self"
+    assert OddField(self=3).self == 3
+
+
 def test_custom_init_receives_field_named_keywords_it_takes():
     class Layer(fx.Module):
         weight: jax.Array
