@@ -160,7 +160,7 @@ def _methods_to_bind(cls: type, namespace: dict[str, Any]) -> list[tuple[str, An
     """The methods of a new Module class to wrap so that instances bind them
     into a `BoundMethod`: those of its class body, and those it inherits from
     classes that are not Modules (mixins), which no Module class wrapped."""
-    found = [(name, value) for name, value in namespace.items()]
+    found = list(namespace.items())
     seen = set(namespace)
     for base in cls.__mro__[1:]:
         if base is object or isinstance(base, _ModuleMeta):
