@@ -595,12 +595,19 @@ def _trace_time_failure(x: Any, message: str, mode: str) -> Any:
             stacklevel=4,
         )
         return jax.tree.map(
-            lambda leaf: (
-                _fill_where(True, jnp.asarray(leaf)) if is_array(leaf) else leaf
-            ),
-            x,
+            lambda leaf: _poisoned(jnp.asarray(leaf)) if is_array(leaf) else leaf, x
         )
     return x
+
+
+def _poisoned(leaf: jax.Array) -> jax.Array:
+    """`leaf` filled as a failed check fills it, with the gradient of the
+    identity (as inside a compiled program, and as in Equinox): replaced by a
+    constant, a floating leaf would pass zero gradients on, so that the NaN
+    never reached them."""
+    if jnp.issubdtype(leaf.dtype, jnp.inexact):
+        return leaf + lax.stop_gradient(_fill_where(True, leaf) - leaf)
+    return _fill_where(True, leaf)
 
 
 def error_if(

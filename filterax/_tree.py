@@ -402,9 +402,9 @@ def _is_tracer(x: Any) -> bool:
 
 
 def _exact(dtype: Any, rtol: float, atol: float) -> bool:
-    """Whether to compare exactly: no tolerance given, or a non-numeric dtype
-    (bool, float0, key data) that tolerances mean nothing for."""
-    return (rtol == 0 and atol == 0) or not jnp.issubdtype(dtype, np.number)
+    """Whether to compare exactly: no tolerance given, or a dtype that is not
+    inexact (integers, as in Equinox; bool, float0, key data)."""
+    return (rtol == 0 and atol == 0) or not jnp.issubdtype(dtype, np.inexact)
 
 
 def _numpy_values_equal(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> bool:
@@ -444,14 +444,8 @@ def _leaves_equal(x: Any, y: Any, typematch: bool, rtol: float, atol: float) -> 
         if x.shape != y.shape or x.dtype != y.dtype:
             return False
         return _arrays_equal(x, y, rtol, atol)
-    numbers = (int, float, complex)
-    if (
-        (rtol != 0 or atol != 0)
-        and isinstance(x, numbers)
-        and isinstance(y, numbers)
-        and not isinstance(x, bool)
-        and not isinstance(y, bool)
-    ):
+    inexact = (float, complex)
+    if (rtol != 0 or atol != 0) and isinstance(x, inexact) and isinstance(y, inexact):
         return bool(np.isclose(x, y, rtol=rtol, atol=atol))
     try:
         return bool(x == y)
@@ -466,9 +460,9 @@ def tree_equal(
     """Whether all `pytrees` have the same structure and equal leaves.
 
     Arrays (JAX or NumPy, compared with each other by value) are equal when
-    their shapes, dtypes and values are; with `rtol`/`atol`, numeric values
-    are compared as by `numpy.allclose` (booleans and other non-numeric dtypes
-    stay exact). NaN is never equal to anything, NaN included, as
+    their shapes, dtypes and values are; with `rtol`/`atol`, inexact values
+    (floating and complex) are compared as by `numpy.allclose` (integers,
+    booleans and other dtypes stay exact, as in Equinox). NaN is never equal to anything, NaN included, as
     for `==`. Typed key arrays are equal when their implementations (part of
     the dtype) and key data are. An array is never equal to a non-array. Other
     leaves are compared with `==` (Python numbers with the tolerances, when

@@ -386,6 +386,21 @@ def test_nan_mode_at_trace_time_warns_and_fills():
     assert jnp.isnan(out["x"]).all() and out["n"] == 3
 
 
+@pytest.mark.filterwarnings("ignore:error_if")
+def test_nan_mode_has_the_same_gradient_at_trace_time_as_compiled():
+    # The identity's gradient, as in Equinox: the NaN value poisons what uses
+    # it (`x**2`), and a check settled while tracing passes no zeros on.
+    def check(x):
+        return fx.error_if(x, x < 0, "negative", on_error="nan")
+
+    x = jnp.array([-3.0, 2.0])
+    for loss in (lambda x: check(x).sum(), lambda x: (check(x) ** 2).sum()):
+        eager, compiled = jax.grad(loss)(x), jax.jit(jax.grad(loss))(x)
+        np.testing.assert_array_equal(eager, compiled)
+    np.testing.assert_array_equal(jax.grad(lambda x: check(x).sum())(x), [1.0, 1.0])
+    assert jnp.isnan(jax.grad(lambda x: (check(x) ** 2).sum())(x)).all()
+
+
 def test_off_mode_returns_x_and_compiles_no_check():
     f = lambda x, p: fx.error_if(x, p, "bad", on_error="off")  # noqa: E731
     assert float(jax.jit(f)(jnp.array(1.0), jnp.array(True))) == 1.0

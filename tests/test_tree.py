@@ -519,9 +519,10 @@ def test_tree_equal_tolerances():
     assert bool(fx.tree_equal(x, y, atol=1e-4)) is False
 
 
-def test_tree_equal_tolerances_apply_to_python_numbers():
+def test_tree_equal_tolerances_apply_to_python_floats_not_ints():
     assert fx.tree_equal([1.0], [1.0 + 1e-9]) is False
     assert fx.tree_equal([1.0], [1.0 + 1e-9], atol=1e-6) is True
+    assert fx.tree_equal([1], [2], atol=5) is False
 
 
 def test_tree_equal_tolerances_on_bfloat16_and_complex():
@@ -531,8 +532,10 @@ def test_tree_equal_tolerances_on_bfloat16_and_complex():
     assert bool(fx.tree_equal(c, c + 1e-6j, atol=1e-4)) is True
 
 
-def test_tree_equal_tolerances_apply_to_integer_arrays():
-    assert bool(fx.tree_equal(jnp.arange(3), jnp.arange(3) + 1, atol=1.5)) is True
+def test_tree_equal_compares_integer_arrays_exactly_as_equinox_does():
+    assert bool(fx.tree_equal(jnp.arange(3), jnp.arange(3) + 1, atol=1.5)) is False
+    assert fx.tree_equal(np.arange(3), np.arange(3) + 1, atol=1.5) is False
+    assert bool(fx.tree_equal(jnp.arange(3), jnp.arange(3), atol=1.5)) is True
 
 
 def test_tree_equal_tolerances_leave_non_numeric_dtypes_exact():

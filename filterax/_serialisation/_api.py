@@ -44,6 +44,7 @@ from ._io import (
 from ._leaf import (
     default_deserialise_filter_spec,
     default_serialise_filter_spec,
+    entry_as_npy,
 )
 from ._messages import SerialisationError, leaf_note
 from ._npy import NPY_MAGIC, NpyReader, starts_npy_record
@@ -218,7 +219,8 @@ def _load_filterax(source: Source, entries: list[_Leaf]) -> list[Any]:
     _check_paths(source.name, reader.read_header(), entries)
     loaded = []
     for entry in entries:
-        handle = LeafReader(reader, reader.read_entry_meta(entry.path), entry.key_path)
+        meta = reader.read_entry_meta(entry.path)
+        handle = LeafReader(reader, meta, entry.key_path, entry_as_npy)
         loaded.append(entry.spec(handle, entry.leaf))
         handle.finish()
     reader.read_footer()

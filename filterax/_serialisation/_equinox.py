@@ -82,9 +82,8 @@ def _read_matching(
     if record.shape != shape or not _same_element_type(record.dtype, dtype):
         raise SerialisationError(
             f"{reader.name}: the NumPy record of leaf {handle.path} holds "
-            f"{record.describe()}, but `like` has {describe_like(like)} there "
-            f"(an Equinox checkpoint, read in the order of `like`'s leaves)."
-            + leaf_note(handle.key_path, "mismatch")
+            f"{record.describe()}, but `like` has {describe_like(like)} there"
+            f"{reader.context}." + leaf_note(handle.key_path, "mismatch")
         )
     return _read_values(handle, record, dtype, for_jax)
 

@@ -22,7 +22,6 @@ __all__ = [
     "LeafWriter",
     "NpyLeafReader",
     "PathOrFile",
-    "leaf_handle",
     "open_input",
     "open_output",
 ]
@@ -83,15 +82,24 @@ class LeafWriter(io.RawIOBase):
 class LeafReader(io.RawIOBase):
     """The binary file a deserialising `filter_spec` callable receives for one
     leaf of a filterax checkpoint: its `raw` entry's bytes, or the handle
-    `default_deserialise_filter_spec` reads a typed entry through. An entry the
-    callable leaves unread is skipped."""
+    `default_deserialise_filter_spec` reads a typed entry through. Read as a
+    file, a typed entry gives the bytes `numpy.save` writes for its value
+    (`as_npy(self)`), as Equinox's default stored it, so `numpy.load(f)` works.
+    An entry the callable leaves unread is skipped."""
 
-    def __init__(self, reader: FormatReader, meta: EntryMeta, key_path: KeyPath):
+    def __init__(
+        self,
+        reader: FormatReader,
+        meta: EntryMeta,
+        key_path: KeyPath,
+        as_npy: Callable[[LeafReader], bytes],
+    ):
         super().__init__()
         self.meta = meta
         self.path = meta.path
         self.key_path = key_path
         self.format_reader = reader
+        self._as_npy = as_npy
         self._raw: io.BytesIO | None = None
         self.consumed = False
 
@@ -99,18 +107,15 @@ class LeafReader(io.RawIOBase):
         return True
 
     def seekable(self) -> bool:
-        return self.meta.kind == "raw"
+        return True
 
     def _raw_bytes(self) -> io.BytesIO:
         if self._raw is None:
-            if self.meta.kind != "raw":
-                raise SerialisationError(
-                    f"{self.format_reader.name}: entry {self.meta.path} holds "
-                    f"{self.meta.describe()}, saved by "
-                    "default_serialise_filter_spec; read it with "
-                    "default_deserialise_filter_spec, not as raw bytes."
-                )
-            self._raw = io.BytesIO(self.take(self.format_reader.read_data))
+            if self.meta.kind == "raw":
+                data = self.take(self.format_reader.read_data)
+            else:
+                data = self._as_npy(self)
+            self._raw = io.BytesIO(data)
         return self._raw
 
     def take(self, read: Callable[[EntryMeta], Any]) -> Any:
@@ -146,7 +151,7 @@ class NpyLeafReader(io.RawIOBase):
     record on, as Equinox passes it (so `numpy.load(file)` reads the record).
     `default_deserialise_filter_spec` reads one record through it."""
 
-    def __init__(self, reader: NpyReader, path: str, key_path: KeyPath):
+    def __init__(self, reader: NpyReader, path: str, key_path: KeyPath | None):
         super().__init__()
         self.npy_reader = reader
         self.path = path
@@ -166,20 +171,6 @@ class NpyLeafReader(io.RawIOBase):
 
     def tell(self) -> int:
         return self.npy_reader.source.tell()
-
-
-def leaf_handle(f: Any, classes: tuple[type, ...], function: str) -> Any:
-    if not isinstance(f, classes):
-        caller = (
-            "tree_serialise_leaves"
-            if LeafWriter in classes
-            else "tree_deserialise_leaves"
-        )
-        raise TypeError(
-            f"{function} must be given the file object that {caller} passes to "
-            f"filter_spec callables, not {type(f).__name__}."
-        )
-    return f
 
 
 def with_default_suffix(path: str) -> str:

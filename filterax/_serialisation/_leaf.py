@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import struct
 from typing import Any, BinaryIO
@@ -34,10 +35,16 @@ from ._format import (
     dtype_from_name,
     dtype_name,
 )
-from ._io import LeafReader, LeafWriter, NpyLeafReader, leaf_handle
+from ._io import LeafReader, LeafWriter, NpyLeafReader
 from ._messages import SerialisationError, leaf_note, shape_str
+from ._npy import NpyReader, starts_npy_record
+from ._source import Source
 
-__all__ = ["default_deserialise_filter_spec", "default_serialise_filter_spec"]
+__all__ = [
+    "default_deserialise_filter_spec",
+    "default_serialise_filter_spec",
+    "entry_as_npy",
+]
 
 _SCALAR_FORMATS = {"float": struct.Struct("<d"), "complex": struct.Struct("<dd")}
 _SCALAR_SIZES = {"bool": 1, "float": 8, "complex": 16}
@@ -132,11 +139,14 @@ def default_serialise_filter_spec(f: BinaryIO, leaf: Any) -> None:
     are stored exactly; typed key arrays as their key data plus implementation
     name. Any other leaf (a string, a function) is recorded as present but not
     stored: loading keeps the `like` leaf. Custom `filter_spec` callables call it
-    for the leaves they do not handle themselves.
+    for the leaves they do not handle themselves. Given any other binary file,
+    it writes what Equinox's does: `numpy.save` of an array or scalar leaf,
+    nothing for any other.
 
     **Arguments:**
 
-    - `f`: the file object `tree_serialise_leaves` passed to the callable.
+    - `f`: the file object `tree_serialise_leaves` passed to the callable (or
+      any binary file).
     - `leaf`: the leaf to save.
 
     **Returns:** `None`.
@@ -164,8 +174,22 @@ def default_serialise_filter_spec(f: BinaryIO, leaf: Any) -> None:
 
     ```
     """
-    handle = leaf_handle(f, (LeafWriter,), "default_serialise_filter_spec")
-    handle.write_entry(*_encode_leaf(handle.path, leaf))
+    if not isinstance(f, LeafWriter):
+        _save_as_numpy(f, leaf)
+        return
+    f.write_entry(*_encode_leaf(f.path, leaf))
+
+
+def _save_as_numpy(f: BinaryIO, leaf: Any) -> None:
+    """`default_serialise_filter_spec` given another file object: writes what
+    Equinox's does, a `numpy.save` record for an array or scalar leaf and
+    nothing for any other."""
+    if is_ref(leaf):
+        leaf = leaf[...]
+    if isinstance(leaf, (jax.Array, np.ndarray, np.generic)) or python_scalar_kind(
+        leaf
+    ):
+        np.save(f, np.asarray(leaf))
 
 
 def _read_array(
@@ -193,6 +217,10 @@ def _read_array(
 
 
 def _decode_python_scalar(handle: LeafReader, kind: str, like: Any) -> Any:
+    return as_like_scalar(_python_scalar(handle, kind), like)
+
+
+def _python_scalar(handle: LeafReader, kind: str) -> Any:
     meta, reader = handle.meta, handle.format_reader
     if _SCALAR_SIZES.get(kind, meta.nbytes) != meta.nbytes or meta.nbytes == 0:
         raise SerialisationError(
@@ -212,7 +240,39 @@ def _decode_python_scalar(handle: LeafReader, kind: str, like: Any) -> Any:
     else:
         value = _SCALAR_FORMATS[kind].unpack(data)
         value = value[0] if kind == "float" else complex(*value)
-    return as_like_scalar(value, like)
+    return value
+
+
+def entry_as_npy(handle: LeafReader) -> bytes:
+    """A typed entry as the bytes `numpy.save` writes for its value (what
+    Equinox's default `filter_spec` stores), for a `filter_spec` callable that
+    reads the leaf as a file (`numpy.load(f)`). Key arrays give their key
+    data; a leaf stored as present but empty gives no bytes."""
+    meta = handle.meta
+    value: Any
+    if meta.kind in ARRAY_KINDS or meta.kind == "key_array":
+        value = _read_array(handle, meta.dtype, meta.shape, for_jax=False)
+    elif meta.kind in ("bool", "int", "float", "complex"):
+        value = _python_scalar(handle, meta.kind)
+    else:
+        handle.take(handle.format_reader.read_data)
+        return b""
+    out = io.BytesIO()
+    np.save(out, value)
+    return out.getvalue()
+
+
+def _decode_npy_bytes(handle: LeafReader, like: Any, mismatch: Any) -> Any:
+    """The leaf a custom `filter_spec` stored as `numpy.save` bytes (as
+    Equinox's default does), read as an Equinox checkpoint's record is."""
+    data = handle.take(handle.format_reader.read_data)
+    if not starts_npy_record(bytes(data[:8])):
+        raise mismatch()
+    name = f"{handle.format_reader.name}, entry {handle.meta.path}"
+    reader = NpyReader(Source(io.BytesIO(data), name), context="")
+    return decode_equinox_leaf(
+        NpyLeafReader(reader, handle.path, handle.key_path), like
+    )
 
 
 def _decode_leaf(handle: LeafReader, like: Any) -> Any:
@@ -236,6 +296,12 @@ def _decode_leaf(handle: LeafReader, like: Any) -> Any:
 def _decode_leaf_as(handle: LeafReader, like: Any, mismatch: Any) -> Any:
     """The leaf the entry holds, of the type of `like` (not a Ref)."""
     meta = handle.meta
+    if (
+        meta.kind == "raw"
+        and meta.nbytes
+        and (is_array_template(like) or python_scalar_kind(like) is not None)
+    ):
+        return _decode_npy_bytes(handle, like, mismatch)
     like_dtype = getattr(like, "dtype", None)
     if is_array_template(like) and is_key_dtype(like_dtype):
         impl = meta.extra.get("impl")
@@ -284,11 +350,14 @@ def default_deserialise_filter_spec(f: BinaryIO, like: Any) -> Any:
     array or scalar, or a Python scalar of `like`'s type. A
     `jax.ShapeDtypeStruct` `like` gives a JAX array, so a model built with
     `jax.eval_shape` can be loaded without first allocating it. Non-array
-    leaves (strings, functions) are returned from `like` unchanged.
+    leaves (strings, functions) are returned from `like` unchanged. A leaf a
+    custom `filter_spec` saved with `numpy.save` (as Equinox's default does) is
+    read as such; so is the next record of any other binary file given as `f`.
 
     **Arguments:**
 
-    - `f`: the file object `tree_deserialise_leaves` passed to the callable.
+    - `f`: the file object `tree_deserialise_leaves` passed to the callable (or
+      any binary file positioned at a `.npy` record).
     - `like`: the leaf of `like` at this position.
 
     **Returns:** the restored leaf.
@@ -310,9 +379,13 @@ def default_deserialise_filter_spec(f: BinaryIO, like: Any) -> Any:
 
     ```
     """
-    handle = leaf_handle(
-        f, (LeafReader, NpyLeafReader), "default_deserialise_filter_spec"
-    )
-    if isinstance(handle, NpyLeafReader):
-        return decode_equinox_leaf(handle, like)
-    return _decode_leaf(handle, like)
+    if isinstance(f, LeafReader):
+        return _decode_leaf(f, like)
+    if isinstance(f, NpyLeafReader):
+        return decode_equinox_leaf(f, like)
+    # Another file object: read as Equinox's default reads, one record.
+    name = getattr(f, "name", None)
+    label = repr(name) if isinstance(name, str) else f"<{type(f).__name__}>"
+    reader = NpyReader(Source(f, label), context="")
+    handle = NpyLeafReader(reader, "at the file's position", None)
+    return decode_equinox_leaf(handle, like)

@@ -71,10 +71,15 @@ class NpyRecord:
 class NpyReader:
     """Reads the records of an Equinox checkpoint from a `Source`, in order."""
 
-    def __init__(self, source: Source):
+    def __init__(
+        self,
+        source: Source,
+        context: str = " (an Equinox checkpoint, read in the order of `like`'s leaves)",
+    ):
         self.source = source
         self.name = source.name
         self.count = 0
+        self.context = context  # how its records map to leaves, for errors
 
     def read_record(self, path: str, key_path: tuple[Any, ...] | None) -> NpyRecord:
         """Reads and checks the header of the next record, for leaf `path`."""

@@ -746,15 +746,55 @@ def test_filter_spec_must_be_a_prefix_of_callables() -> None:
         save_to_bytes({"a": 1.0}, filter_spec={"a": True})
 
 
-def test_default_specs_need_the_handle_they_are_given() -> None:
+def test_default_specs_on_another_file_read_and_write_numpy_records() -> None:
+    # As Equinox's: `numpy.save` of arrays and scalars, nothing for others.
+    file = io.BytesIO()
+    for leaf in (jnp.arange(2.0), 3, "label", np.float32(1.5)):
+        fx.default_serialise_filter_spec(file, leaf)
+    file.seek(0)
+    np.testing.assert_array_equal(np.load(file), [0.0, 1.0])
+    assert np.load(file).item() == 3
+    file.seek(0)
+    like = (jnp.zeros(2), 0, "other", np.float32(0))
+    restored = [fx.default_deserialise_filter_spec(file, x) for x in like]
+    assert restored[1:] == [3, "other", np.float32(1.5)]
+    with pytest.raises(fx.SerialisationError, match="holds a float32\\[2\\] array"):
+        file.seek(0)
+        fx.default_deserialise_filter_spec(file, jnp.zeros(3))
+
+
+def test_a_custom_spec_reads_default_entries_with_numpy_load(tmp_path: Any) -> None:
+    # The Equinox pattern of loading into another dtype, and re-reading.
+    path = tmp_path / "model.eqx"
+    fx.tree_serialise_leaves(path, (jnp.arange(3.0), 7, jax.random.key(1)))
+
+    def cast(f: Any, like: Any) -> Any:
+        if isinstance(like, int):
+            return int(np.load(f))
+        start = f.tell()
+        np.load(f)
+        f.seek(start)
+        return jnp.load(f).astype(like.dtype)
+
+    like = (jnp.zeros(3, jnp.bfloat16), 0, jnp.zeros(2, jnp.uint32))
+    weights, step, key_data = fx.tree_deserialise_leaves(path, like, filter_spec=cast)
+    assert weights.dtype == jnp.bfloat16 and weights.tolist() == [0, 1, 2]
+    assert step == 7
+    np.testing.assert_array_equal(key_data, jax.random.key_data(jax.random.key(1)))
+
+
+def test_the_default_spec_reads_numpy_records_a_custom_spec_wrote(
+    tmp_path: Any,
+) -> None:
+    path = tmp_path / "model.eqx"
+    tree = (jnp.arange(3.0), 4, np.ones(2, np.int8))
+    fx.tree_serialise_leaves(path, tree, filter_spec=lambda f, x: np.save(f, x))
+    restored = fx.tree_deserialise_leaves(path, (jnp.zeros(3), 0, np.zeros(2, np.int8)))
+    assert fx.tree_equal(restored, tree) and type(restored[2]) is np.ndarray
     with pytest.raises(
-        TypeError, match="file object that tree_serialise_leaves passes"
+        fx.SerialisationError, match=r"float32\[3\] array, but `like` has"
     ):
-        fx.default_serialise_filter_spec(io.BytesIO(), 1.0)
-    with pytest.raises(
-        TypeError, match="file object that tree_deserialise_leaves passes"
-    ):
-        fx.default_deserialise_filter_spec(io.BytesIO(), 1.0)
+        fx.tree_deserialise_leaves(path, (jnp.zeros(4), 0, np.zeros(2, np.int8)))
 
 
 # --- streaming -----------------------------------------------------------------------
