@@ -151,14 +151,18 @@ class Pool(Module):
             padding = self._ceil_padding(tuple(x.shape[1:]))
             _check_padding_fits_kernel(padding, self.kernel_size)
         with jax.named_scope(f"filterax.nn.{type(self).__name__}"):
-            return lax.reduce_window(
-                x,
+            # Channels last, with a unit batch axis, as Equinox lays it out:
+            # XLA rounds the gradients of other layouts differently, and ported
+            # training runs should match to the last bit.
+            out = lax.reduce_window(
+                jnp.moveaxis(x, 0, -1)[None],
                 self.init,  # pyright: ignore[reportArgumentType]
                 self.operation,
-                (1, *self.kernel_size),
-                (1, *self.stride),
-                ((0, 0), *padding),
+                (1, *self.kernel_size, 1),
+                (1, *self.stride, 1),
+                ((0, 0), *padding, (0, 0)),
             )
+            return jnp.moveaxis(out[0], -1, 0)
 
 
 class _AvgPoolNd(Pool):
@@ -408,21 +412,28 @@ def _adaptive_reduce_axis(
     """Splits `x` along `axis` into `target` contiguous windows and reduces each.
 
     With `size = q * target + r`, the first `r` windows hold `q + 1` elements and
-    the rest `q`.
+    the rest `q`. The one-dimensional pooling is mapped over every other axis,
+    channels first, as Equinox composes it: XLA rounds other arrangements of
+    the same reduction differently, and ported models should agree to the
+    last bit.
     """
-    size = x.shape[axis]
-    x = jnp.moveaxis(x, axis, -1)
-    batch_shape = x.shape[:-1]
-    rows = x.reshape(math.prod(batch_shape), size)
-    base, extra = divmod(size, target)
+    pool = jax.vmap(_adaptive_reduce_1d, in_axes=(0, None, None))
+    for other in range(1, x.ndim):
+        if other != axis:
+            pool = jax.vmap(pool, in_axes=(other, None, None), out_axes=other)
+    return pool(x, target, operation)
+
+
+def _adaptive_reduce_1d(
+    x: Array, target: int, operation: Callable[[Array], Array]
+) -> Array:
+    base, extra = divmod(x.shape[0], target)
+    if extra == 0:
+        return jax.vmap(operation)(x.reshape(target, base))
     split = extra * (base + 1)
-    windows = [
-        rows[:, :split].reshape(rows.shape[0], extra, base + 1),
-        rows[:, split:].reshape(rows.shape[0], target - extra, base),
-    ]
-    reduce_rows = jax.vmap(jax.vmap(operation))
-    out = jnp.concatenate([reduce_rows(w) for w in windows if w.shape[1] > 0], axis=1)
-    return jnp.moveaxis(out.reshape(*batch_shape, target), -1, axis)
+    longer = jax.vmap(operation)(x[:split].reshape(extra, base + 1))
+    shorter = jax.vmap(operation)(x[split:].reshape(target - extra, base))
+    return jnp.concatenate([longer, shorter])
 
 
 class AdaptivePool(Module):

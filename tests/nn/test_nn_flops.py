@@ -53,11 +53,23 @@ def _lowered_flops(step: Any, *args: Any) -> float:
     return _flops(step.lower(*args).cost_analysis())
 
 
-def test_cnn_step_compiles_to_the_same_flops_as_raw_jax(bench, cnn) -> None:
+def test_cnn_step_hands_xla_the_same_flops_as_raw_jax(bench, cnn) -> None:
+    model, params, data = cnn
+    filtered = _lowered_flops(bench.filterax_step(bench.cnn_loss), model, *data)
+    raw = _lowered_flops(bench.raw_step(bench.raw_cnn_loss), params, *data)
+    assert filtered == raw > 0
+
+
+def test_cnn_step_compiles_to_the_same_flops_within_two_percent(bench, cnn) -> None:
+    # The programs handed to XLA cost the same (the test above); the pooling
+    # differs in layout: `nn.MaxPool2d` pools channels last, as Equinox does
+    # (so that gradients agree with Equinox's to the last bit), the raw step
+    # channels first, and XLA fuses the two slightly differently.
     model, params, data = cnn
     filtered = bench.compiled_flops(bench.filterax_step(bench.cnn_loss), model, *data)
     raw = bench.compiled_flops(bench.raw_step(bench.raw_cnn_loss), params, *data)
-    assert filtered == raw > 0
+    assert raw > 0
+    assert abs(filtered - raw) <= 0.02 * raw
 
 
 def test_transformer_step_hands_xla_the_same_flops_as_raw_jax(
@@ -73,11 +85,10 @@ def test_transformer_step_compiles_to_the_same_flops_within_one_percent(
     bench, transformer
 ) -> None:
     # The programs handed to XLA cost the same (the test above). After
-    # optimisation they differ slightly: `nn.Linear` computes `weight @ x`, which
-    # under `jax.vmap` is a product whose output comes out transposed relative
-    # to the raw `x @ weight.T`, and XLA then fuses (and duplicates into more
-    # than one fusion) a few elementwise operations differently. The matrix
-    # products, nearly all of the work, are the same.
+    # optimisation they differ slightly: the layers lay some operations out
+    # differently from the raw code under `jax.vmap`, and XLA then fuses (and
+    # duplicates into more than one fusion) a few elementwise operations
+    # differently. The matrix products, nearly all of the work, are the same.
     model, params, data = transformer
     filtered = bench.compiled_flops(
         bench.filterax_step(bench.transformer_loss), model, *data

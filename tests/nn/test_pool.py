@@ -403,3 +403,24 @@ def test_malformed_pool_arguments_are_errors():
 def test_adaptive_target_larger_than_the_input_is_an_error():
     with pytest.raises(ValueError, match=r"spatial dimension 1 of size 3 to size 4"):
         fx.nn.AdaptiveAvgPool2d(4)(jnp.ones((1, 5, 3)))
+
+
+def test_max_pool_gradients_are_bit_for_bit_those_of_channels_last_pooling():
+    # Equinox pools channels last; XLA rounds the backward pass of another
+    # layout differently, which showed in a ported CNN's conv-bias gradients.
+    conv_key, data_key = jr.split(jr.key(0))
+    conv = fx.nn.Conv2d(1, 4, 3, padding=1, key=conv_key)
+    x = jr.normal(data_key, (96, 1, 16, 16))
+
+    def channels_last(z):
+        z = jnp.moveaxis(z, 0, -1)[None]
+        z = lax.reduce_window(z, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        return jnp.moveaxis(z[0], -1, 0)
+
+    def loss(conv, pool):
+        return jnp.sum(jnp.sin(jax.vmap(lambda a: pool(jax.nn.relu(conv(a))))(x)))
+
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    ours = grad(conv, fx.nn.MaxPool2d(2, 2))
+    np.testing.assert_array_equal(ours.bias, grad(conv, channels_last).bias)
+    np.testing.assert_array_equal(ours.weight, grad(conv, channels_last).weight)
