@@ -19,7 +19,8 @@ and everything else in the treedef, input Refs mapped back); `_donate.py`
 buffer donation; `_aot.py` `.lower(...).compile()`; `_api.py` the public
 function and wrappers.
 
-May import: `jax`, `_split`, `_structure`, `_filters`, `_caches`.
+May import: `jax`, `_split`, `_structure`, `_filters`, `_caches`, `_compat`,
+`_errors`, `_transformed`.
 """
 
 from ._api import JitWrapper, filter_jit

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
@@ -12,7 +13,9 @@ import jax.tree_util as jtu
 
 from .._compat import donation_warning_ignored
 from .._errors import runtime_error_from
+from .._filters import is_array
 from .._split import flatten, is_module_type
+from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
 from ._aot import CallPlan, Lowered
 from ._compiled import Compiled, compiled_for
 from ._direct import PENDING, Fallback, fallback_for
@@ -438,4 +441,25 @@ def filter_jit(fun: Any = None, *, donate: Donate = "none") -> Any:
         return functools.partial(filter_jit, donate=donate)
     if not callable(fun):
         raise TypeError(f"filter_jit: expected a callable, got {fun!r}.")
+    if type(fun) in TRANSFORM_TYPES:
+        _warn_if_it_hides_a_module(fun)
     return _WRAPPER_TYPES[mode](fun, mode)
+
+
+def _warn_if_it_hides_a_module(fun: Any) -> None:
+    inner = wrapped_by_transform(fun)
+    if (
+        inner is not fun
+        and is_module_type(type(inner))
+        and any(map(is_array, jtu.tree_leaves(inner)))
+    ):
+        warnings.warn(
+            f"filter_jit is given a JAX transform (`jax.vmap`, `jax.jit`...) of a "
+            f"{type(inner).__qualname__}: the transformed function is not a "
+            "pytree, so the Module's arrays are compiled in as constants, not "
+            "traced (a new model compiles again, and gradients never reach "
+            "them). Use the filtered transforms, e.g. "
+            "`filter_jit(filter_vmap(model))`.",
+            UserWarning,
+            stacklevel=3,
+        )

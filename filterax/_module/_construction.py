@@ -48,6 +48,7 @@ from typing import Any
 import jax
 
 from .._compat import register_dataclass_node
+from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
 from ._field import StaticArrayWarning
 
 __all__ = [
@@ -210,7 +211,7 @@ class ClassPlan:
                 ) from error
         for name in self.meta_fields:
             check_static_value(cls, name, values[name])
-        if not _SUSPECT_TYPES.isdisjoint(map(type, values.values())):
+        if not TRANSFORM_TYPES.isdisjoint(map(type, values.values())):
             warn_if_transformed(instance)
         for check in self.check_inits:
             check(instance)
@@ -299,12 +300,6 @@ def check_static_value(cls: type, name: str, value: Any) -> None:
     )
 
 
-_PJIT_FUNCTION_TYPE = type(jax.jit(lambda: None))
-# Types of values that may be JAX transforms wrapping a Module (jax.grad and
-# friends return plain functions carrying `__wrapped__`).
-_SUSPECT_TYPES = frozenset(
-    {types.FunctionType, _PJIT_FUNCTION_TYPE, jax.custom_jvp, jax.custom_vjp}
-)
 # Types whose instances are always hashable: a static value of one of these
 # needs no check.
 _ALWAYS_HASHABLE = frozenset(
@@ -326,24 +321,6 @@ _ALWAYS_HASHABLE = frozenset(
 _MODULE_TYPES: list[type] = []  # filled by `_module.py` with `Module`
 
 
-def _wrapped_by_transform(value: Any) -> Any:
-    """What a chain of JAX transforms (`jax.hessian` is `jacfwd(jacrev(f))`)
-    ultimately wraps, or `None`."""
-    for _ in range(16):
-        if isinstance(value, (jax.custom_jvp, jax.custom_vjp)):
-            inner = value.fun
-        elif type(value) is types.FunctionType:
-            inner = value.__dict__.get("__wrapped__")
-        elif type(value) is _PJIT_FUNCTION_TYPE:
-            inner = getattr(value, "__wrapped__", None)
-        else:
-            return value
-        if inner is None:
-            return None
-        value = inner
-    return None
-
-
 def warn_if_transformed(instance: Any) -> None:
     """Warns about fields holding a JAX transform (`jax.jit`, `jax.grad`,
     `jax.vmap`, `jax.custom_vjp`...) applied directly to a Module: JAX treats
@@ -351,9 +328,9 @@ def warn_if_transformed(instance: Any) -> None:
     neither traced nor seen by `filter_grad` or an optimiser."""
     module_type = _MODULE_TYPES[0]
     for name, value in instance.__dict__.items():
-        if type(value) not in _SUSPECT_TYPES:
+        if type(value) not in TRANSFORM_TYPES:
             continue
-        inner = _wrapped_by_transform(value)
+        inner = wrapped_by_transform(value)
         if isinstance(inner, module_type):
             warnings.warn(
                 "Possibly assigning a JAX-transformed callable as an attribute on "
@@ -430,7 +407,7 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
         "_fx_factory": _FACTORY,
         "_fx_cls": cls,
         "_fx_plan": plan,
-        "_fx_suspect": _SUSPECT_TYPES,
+        "_fx_suspect": TRANSFORM_TYPES,
         "_fx_warn_transformed": warn_if_transformed,
         "_fx_check_static": check_static_value,
         "_fx_hashable": _ALWAYS_HASHABLE,

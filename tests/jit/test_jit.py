@@ -1144,3 +1144,15 @@ def test_a_compiled_call_with_a_shape_dtype_struct_argument_accepts_it_again():
     struct = jax.ShapeDtypeStruct((3,), jnp.float32)  # a static (non-array) leaf
     compiled = fx.filter_jit(lambda x, s: x + 1).lower(jnp.ones(3), struct).compile()
     assert jnp.array_equal(compiled(jnp.ones(3), struct), jnp.full(3, 2.0))
+
+
+def test_a_jax_transform_of_a_module_warns_that_its_arrays_are_constants():
+    model = fx.nn.Linear(2, 2, key=jax.random.key(0))
+    with pytest.warns(UserWarning, match="of a Linear: the transformed function"):
+        jitted = fx.filter_jit(jax.vmap(model))
+    assert jitted(jnp.ones((3, 2))).shape == (3, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fx.filter_jit(jax.vmap(lambda x: x))
+        fx.filter_jit(fx.filter_vmap(model))
+        fx.filter_jit(jax.vmap(fx.nn.Identity()))  # no arrays to hide
