@@ -366,13 +366,22 @@ def _leaf_difference(
             return TreeDifference(
                 path, "dtype", f"{describe_value(x)} vs {describe_value(y)}"
             )
+        if isinstance(x, jax.Ref) != isinstance(y, jax.Ref):
+            return TreeDifference(
+                path,
+                "type",
+                f"{describe_value(x)} ({type(x).__name__}) vs {describe_value(y)} "
+                f"({type(y).__name__})",
+            )
+        detail = f"{describe_value(x)} arrays with different values"
+        if isinstance(x, jax.Ref):  # compared by what they hold now
+            detail = f"{describe_value(x)}s holding different values"
+            x, y = x[...], y[...]
         if not compare_values or _is_abstract(x) or _is_abstract(y):
             return None
         if _arrays_equal(x, y):
             return None
-        return TreeDifference(
-            path, "value", f"{describe_value(x)} arrays with different values"
-        )
+        return TreeDifference(path, "value", detail)
     if x_array != y_array or type(x) is not type(y):
         return TreeDifference(
             path,
@@ -386,7 +395,7 @@ def _leaf_difference(
 
 
 def _is_abstract(x: Any) -> bool:
-    return isinstance(x, (Tracer, jax.ShapeDtypeStruct, jax.Ref))
+    return isinstance(x, (Tracer, jax.ShapeDtypeStruct))
 
 
 def _arrays_equal(x: Any, y: Any) -> bool:

@@ -25,13 +25,17 @@ TRANSFORM_TYPES = frozenset(
 
 def wrapped_by_transform(value: Any) -> Any:
     """What a chain of JAX transforms (`jax.hessian` is `jacfwd(jacrev(f))`)
-    ultimately wraps, or `None`.
+    ultimately wraps when that is not a plain function (a Module, say), or
+    `None`.
 
     ```python
     >>> import jax
+    >>> import filterax as fx
     >>> from filterax._transformed import wrapped_by_transform
-    >>> scale = lambda x: 2 * x
-    >>> wrapped_by_transform(jax.jit(jax.vmap(scale))) is scale
+    >>> layer = fx.nn.Identity()
+    >>> wrapped_by_transform(jax.jit(jax.vmap(layer))) is layer
+    True
+    >>> wrapped_by_transform(jax.vmap(lambda x: x)) is None
     True
 
     ```

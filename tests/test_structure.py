@@ -195,3 +195,15 @@ def test_a_ref_is_described_as_a_ref_inside_a_trace_too():
     [outside] = fx.tree_diff(ref, jnp.ones(3), compare_values=False)
     differ(ref, jnp.ones(3))
     assert seen == [outside.detail] == ["Ref(f32[2]) vs f32[3]"]
+
+
+def test_refs_are_compared_by_what_they_hold_and_differ_from_arrays():
+    zeros, ones = jax.new_ref(jnp.zeros(2)), jax.new_ref(jnp.ones(2))
+    [held] = fx.tree_diff({"state": zeros}, {"state": ones})
+    assert (held.kind, held.detail) == (
+        "value",
+        "Ref(f32[2])s holding different values",
+    )
+    assert fx.tree_diff(zeros, jax.new_ref(jnp.zeros(2))) == []
+    [kind] = fx.tree_diff(zeros, jnp.zeros(2))
+    assert kind.kind == "type" and kind.detail.startswith("Ref(f32[2]) (Ref) vs f32[2]")

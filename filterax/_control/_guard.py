@@ -87,6 +87,11 @@ def forward_mode_only(
     when its backward pass is built.
     """
 
+    if refs:
+        # JAX cannot discharge a Ref's effects out of a `custom_jvp` (no rule
+        # for `custom_jvp_call`), so a body with Refs is called as it is.
+        return fn(list(hoisted), list(refs), list(args))
+
     @jax.custom_jvp
     def call(hoisted: list[Any], refs: list[Any], args: list[Any]) -> list[Any]:
         return fn(hoisted, refs, args)

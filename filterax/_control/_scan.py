@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -11,7 +12,6 @@ import jax.tree_util as jtu
 
 from .._filters import is_array
 from .._structure import describe_value, path_text
-from ._guard import forward_mode_only
 from ._jaxpr import trace_body
 from ._parts import Parts, check_count, check_unchanged, split_parts, strong_type
 
@@ -20,13 +20,6 @@ __all__ = ["filter_scan"]
 Carry = TypeVar("Carry")
 X = TypeVar("X")
 Y = TypeVar("Y")
-
-_REF_WRITES_MESSAGE = (
-    "{where}: the body writes a Ref, and reverse-mode differentiation of a loop "
-    "with `checkpoints` recomputes steps, which would repeat those writes. "
-    "Differentiate without `checkpoints` (every step stored), or move the "
-    "state out of the Ref into the carry."
-)
 
 
 def filter_scan(
@@ -64,7 +57,8 @@ def filter_scan(
       mode. An integer `k` splits the scan into about `k` segments and stores
       only the carries between them, recomputing each segment's steps in the
       backward pass: memory about `k + length / k` steps, so best near
-      `sqrt(length)`.
+      `sqrt(length)`. A body that writes a Ref is not recomputed (that would
+      repeat its writes): it is scanned as with `None`, with a warning.
 
     **Returns:** `(carry, ys)`: the final carry, and the `y`s with their
     arrays stacked along a new axis 0 (their other leaves returned once, as
@@ -72,8 +66,7 @@ def filter_scan(
 
     **Raises:** `TypeError` naming the key path under `carry` when `f` changes
     the carry; `ValueError` when the arrays of `xs` differ in length (naming
-    the leaf) or no length can be found; in reverse mode with `checkpoints`, a
-    `TypeError` if `f` writes a Ref (the recomputation would repeat the write).
+    the leaf) or no length can be found.
 
     ```python
     >>> import jax.numpy as jnp
@@ -198,19 +191,27 @@ def _checkpointed_scan(
             outs = body.call(hoisted, refs, *c, *x)
             return outs[:num_carry], outs[num_carry:]
 
-        final, ys = _segmented(
-            inner, carry_in, xs_in, length, reverse, unroll, checkpoints
-        )
+        if body.writes_refs:
+            final, ys = jax.lax.scan(
+                inner, carry_in, xs_in, length, reverse=reverse, unroll=unroll
+            )
+        else:
+            final, ys = _segmented(
+                inner, carry_in, xs_in, length, reverse, unroll, checkpoints
+            )
         return [*final, *ys]
 
-    args = [*carry, *xs]
     if body.writes_refs:
-        where = "filter_scan with checkpoints"
-        outs = forward_mode_only(
-            run, body.hoisted, body.refs, args, _REF_WRITES_MESSAGE.format(where=where)
+        # Recomputing a step in the backward pass would repeat its writes.
+        warnings.warn(
+            "filter_scan: the body writes a Ref, so its steps are not recomputed "
+            "in the backward pass (that would repeat the writes): `checkpoints` "
+            "is ignored, and reverse mode stores every step. Move the state from "
+            "the Ref into the carry to checkpoint it.",
+            UserWarning,
+            stacklevel=4,
         )
-    else:
-        outs = run(body.hoisted, body.refs, args)
+    outs = run(body.hoisted, body.refs, [*carry, *xs])
     return outs[:num_carry], outs[num_carry:]
 
 

@@ -485,3 +485,27 @@ def test_a_loop_that_takes_no_step_passes_the_cotangent_through(kind):
         return (x * jnp.arange(3.0)).sum()
 
     np.testing.assert_array_equal(jax.grad(loss)(jnp.ones(3)), [0.0, 1.0, 2.0])
+
+
+def test_bodies_writing_refs_run_under_filter_jit():
+    # JAX cannot discharge Ref effects out of the forward-mode guard's
+    # `custom_jvp`, so such bodies run unguarded (reverse mode then meets
+    # JAX's own refusal to transpose a while loop).
+    def noisy(stream, n):
+        def body(c):
+            x, i = c
+            return x + jax.random.normal(stream(), ()), i + 1
+
+        start = (jnp.array(0.0), jnp.array(0))
+        looped = fx.filter_while_loop(lambda c: c[1] < n, body, start)[0]
+        counted = fx.filter_fori_loop(
+            0, n, lambda i, x: x + jax.random.normal(stream(), ()), jnp.array(0.0)
+        )
+        return looped, counted
+
+    eager = noisy(fx.RngStream(0), jnp.array(3))
+    compiled = fx.filter_jit(noisy)(fx.RngStream(0), jnp.array(3))
+    np.testing.assert_allclose(compiled, eager)
+    reference = fx.RngStream(0)
+    expected = sum(jax.random.normal(reference(), ()) for _ in range(3))
+    np.testing.assert_allclose(eager[0], expected, rtol=1e-5)
