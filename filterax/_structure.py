@@ -368,13 +368,11 @@ def _leaf_difference(
             )
         if isinstance(x, jax.Ref) != isinstance(y, jax.Ref):
             return TreeDifference(
-                path,
-                "type",
-                f"{describe_value(x)} ({type(x).__name__}) vs {describe_value(y)} "
-                f"({type(y).__name__})",
+                path, "type", f"{describe_value(x)} vs {describe_value(y)}"
             )
         detail = f"{describe_value(x)} arrays with different values"
-        if isinstance(x, jax.Ref):  # compared by what they hold now
+        if isinstance(x, jax.Ref) and isinstance(y, jax.Ref):
+            # Compared by what they hold now.
             detail = f"{describe_value(x)}s holding different values"
             x, y = x[...], y[...]
         if not compare_values or _is_abstract(x) or _is_abstract(y):
