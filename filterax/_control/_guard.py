@@ -84,7 +84,8 @@ def forward_mode_only(
 
     `fn` must close over no traced value: pass values in `hoisted` and Refs in
     `refs` (see `_jaxpr.trace_body`). Reverse mode raises `TypeError(message)`
-    when its backward pass is built.
+    when its backward pass is built; with Refs, `fn` is left to JAX's own
+    rules.
     """
 
     if refs:
