@@ -269,10 +269,18 @@ def _decode_npy_bytes(handle: LeafReader, like: Any, mismatch: Any) -> Any:
     if not starts_npy_record(bytes(data[:8])):
         raise mismatch()
     name = f"{handle.format_reader.name}, entry {handle.meta.path}"
-    reader = NpyReader(Source(io.BytesIO(data), name), context="")
-    return decode_equinox_leaf(
-        NpyLeafReader(reader, handle.path, handle.key_path), like
+    return _decode_npy_record(
+        io.BytesIO(data), name, handle.path, handle.key_path, like
     )
+
+
+def _decode_npy_record(
+    stream: BinaryIO, name: str, path: str, key_path: Any, like: Any
+) -> Any:
+    """The leaf of the type of `like` in the `.npy` record at the start of
+    `stream` (outside any Equinox checkpoint: errors do not call it one)."""
+    reader = NpyReader(Source(stream, name), context="")
+    return decode_equinox_leaf(NpyLeafReader(reader, path, key_path), like)
 
 
 def _decode_leaf(handle: LeafReader, like: Any) -> Any:
@@ -386,6 +394,4 @@ def default_deserialise_filter_spec(f: BinaryIO, like: Any) -> Any:
     # Another file object: read as Equinox's default reads, one record.
     name = getattr(f, "name", None)
     label = repr(name) if isinstance(name, str) else f"<{type(f).__name__}>"
-    reader = NpyReader(Source(f, label), context="")
-    handle = NpyLeafReader(reader, "at the file's position", None)
-    return decode_equinox_leaf(handle, like)
+    return _decode_npy_record(f, label, "at the file's position", None, like)
