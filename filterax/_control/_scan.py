@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -57,15 +56,17 @@ def filter_scan(
       mode. An integer `k` splits the scan into about `k` segments and stores
       only the carries between them, recomputing each segment's steps in the
       backward pass: memory about `k + length / k` steps, so best near
-      `sqrt(length)`. A body that writes a Ref is not recomputed (that would
-      repeat its writes): it is scanned as with `None`, with a warning.
+      `sqrt(length)`. Recomputing a body that writes a Ref would repeat its
+      writes: such a body runs as with `None`, and differentiating the scan
+      raises an error.
 
     **Returns:** `(carry, ys)`: the final carry, and the `y`s with their
     arrays stacked along a new axis 0 (their other leaves returned once, as
     the single trace of `f` produced them).
 
     **Raises:** `TypeError` naming the key path under `carry` when `f` changes
-    the carry; `ValueError` when the arrays of `xs` differ in length (naming
+    the carry, or when differentiated with `checkpoints` given and `f`
+    writes a Ref; `ValueError` when the arrays of `xs` differ in length (naming
     the leaf) or no length can be found.
 
     ```python
@@ -202,17 +203,41 @@ def _checkpointed_scan(
         return [*final, *ys]
 
     if body.writes_refs:
-        # Recomputing a step in the backward pass would repeat its writes.
-        warnings.warn(
-            "filter_scan: the body writes a Ref, so its steps are not recomputed "
-            "in the backward pass (that would repeat the writes): `checkpoints` "
-            "is ignored, and reverse mode stores every step. Move the state from "
-            "the Ref into the carry to checkpoint it.",
-            UserWarning,
-            stacklevel=4,
-        )
-    outs = run(body.hoisted, body.refs, [*carry, *xs])
+        outs = _refusing_derivatives(run, body.hoisted, body.refs, [*carry, *xs])
+    else:
+        outs = run(body.hoisted, body.refs, [*carry, *xs])
     return outs[:num_carry], outs[num_carry:]
+
+
+_REF_WRITES_MESSAGE = (
+    "filter_scan(checkpoints=k) cannot be differentiated when the body writes "
+    "a Ref: the backward pass would recompute steps from checkpoints and "
+    "repeat those writes (forward mode is refused too: JAX offers no separate "
+    "rule for it). Use checkpoints=None (every step stored, nothing "
+    "recomputed), or move the state out of the Ref into the carry."
+)
+
+
+def _refusing_derivatives(
+    run: Callable[[list[Any], list[Any], list[Any]], list[Any]],
+    hoisted: list[Any],
+    refs: list[Any],
+    args: list[Any],
+) -> list[Any]:
+    """`run(hoisted, refs, args)` (a scan of a Ref-writing body, not
+    recomputed), under a `jax.custom_vjp` whose forward pass raises
+    filterax's error. JAX calls that forward pass under `jax.jvp` as well,
+    before refusing forward mode of a `custom_vjp` itself."""
+
+    @jax.custom_vjp
+    def guarded(hoisted: list[Any], refs: list[Any], args: list[Any]) -> list[Any]:
+        return run(hoisted, refs, args)
+
+    def refuse(*_: Any) -> Any:
+        raise TypeError(_REF_WRITES_MESSAGE)
+
+    guarded.defvjp(refuse, refuse)
+    return guarded(hoisted, refs, args)
 
 
 def _segmented(

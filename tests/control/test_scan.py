@@ -300,11 +300,11 @@ def test_checkpoints_must_be_a_positive_int():
         fx.filter_scan(lambda c, x: (c, None), None, length=2, checkpoints=2.0)
 
 
-@pytest.mark.filterwarnings("ignore:filter_scan. the body writes a Ref")
-def test_ref_writes_with_checkpoints_are_not_recomputed():
-    # Recomputing steps would repeat the writes: such a body is scanned
-    # whole, so every mode matches `checkpoints=None`, the Ref's state too.
-    def run(checkpoints):
+def test_ref_writes_with_checkpoints_run_but_refuse_derivatives():
+    # Recomputing steps would repeat the writes. Run forward, the scan is
+    # stored whole and matches `checkpoints=None`, the Ref's state too; any
+    # derivative raises rather than recompute.
+    def make(checkpoints):
         counter = jax.new_ref(jnp.zeros(()))
 
         def loss(w):
@@ -316,15 +316,24 @@ def test_ref_writes_with_checkpoints_are_not_recomputed():
                 step, jnp.array(1.0), jnp.arange(1.0, 7.0), checkpoints=checkpoints
             )[0]
 
-        value, grad = jax.value_and_grad(loss)(0.5)
-        tangent = jax.jvp(loss, (0.5,), (1.0,))[1]
-        compiled = fx.filter_jit(loss)(0.5)
-        return value, grad, tangent, compiled, counter[...]
+        return loss, counter
 
-    with pytest.warns(UserWarning, match="`checkpoints` is ignored"):
-        checkpointed = run(2)
-    for got, expected in zip(checkpointed, run(None)):
-        np.testing.assert_allclose(got, expected)
+    for run in (lambda loss: loss(0.5), lambda loss: fx.filter_jit(loss)(0.5)):
+        (loss, counter), (reference, reference_counter) = make(2), make(None)
+        np.testing.assert_allclose(run(loss), run(reference))
+        np.testing.assert_allclose(counter[...], reference_counter[...])
+    loss, counter = make(2)
+    for differentiate in (
+        lambda: jax.grad(loss)(0.5),
+        lambda: fx.filter_jit(jax.grad(loss))(0.5),
+        lambda: jax.jvp(loss, (0.5,), (1.0,)),
+    ):
+        with pytest.raises(
+            TypeError, match=r"cannot be differentiated when the body writes a Ref"
+        ):
+            differentiate()
+    assert counter[...] == 0  # nothing ran halfway
+    jax.grad(make(None)[0])(0.5)  # without checkpoints, nothing is recomputed
 
 
 # --- Costs ---------------------------------------------------------------------
