@@ -95,9 +95,17 @@ from ._control import (
 # --- runtime errors (_errors.py) ---
 from ._errors import (
     EquinoxRuntimeError as EquinoxRuntimeError,
+    EquinoxTracetimeError as EquinoxTracetimeError,
     FilteraxRuntimeError as FilteraxRuntimeError,
+    FilteraxTracetimeError as FilteraxTracetimeError,
     branched_error_if as branched_error_if,
     error_if as error_if,
+)
+
+# --- enumerations (_enumeration.py) ---
+from ._enumeration import (
+    Enumeration as Enumeration,
+    EnumerationItem as EnumerationItem,
 )
 
 # --- state and randomness (_state/) ---

@@ -40,7 +40,9 @@ from ._split import split
 
 __all__ = [
     "EquinoxRuntimeError",
+    "EquinoxTracetimeError",
     "FilteraxRuntimeError",
+    "FilteraxTracetimeError",
     "branched_error_if",
     "error_if",
     "runtime_error_from",
@@ -88,9 +90,37 @@ class FilteraxRuntimeError(RuntimeError):
     """
 
 
+class FilteraxTracetimeError(FilteraxRuntimeError):
+    """The [`FilteraxRuntimeError`][filterax.FilteraxRuntimeError] raised when
+    a check fails while it is traced: its predicate was already known to be
+    `True`, before any compiled program ran. `EquinoxTracetimeError` is
+    another name for this class, so code written for Equinox that catches it
+    keeps working; `except FilteraxRuntimeError` catches it too.
+
+    **Arguments:**
+
+    - `*args`: as for any exception; the first is the message.
+
+    **Returns:** the exception.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> try:
+    ...     fx.error_if(jnp.ones(2), jnp.array(True), "known to fail")
+    ... except fx.FilteraxTracetimeError as error:
+    ...     print(type(error).__name__, isinstance(error, fx.FilteraxRuntimeError))
+    FilteraxTracetimeError True
+
+    ```
+    """
+
+
 # Shown as `filterax.FilteraxRuntimeError` in tracebacks: the name users import.
 FilteraxRuntimeError.__module__ = "filterax"
+FilteraxTracetimeError.__module__ = "filterax"
 EquinoxRuntimeError = FilteraxRuntimeError
+EquinoxTracetimeError = FilteraxTracetimeError
 
 
 class _CheckFailed(Exception):
@@ -577,7 +607,7 @@ def _validated_mode(on_error: str) -> str:
 
 def _trace_time_failure(x: Any, message: str, mode: str) -> Any:
     if mode == "raise":
-        raise FilteraxRuntimeError(
+        raise FilteraxTracetimeError(
             f"{message}\n\n(This check failed as soon as it was made: its "
             "predicate was already known to be True, before any compiled program "
             "ran. Set FILTERAX_ON_ERROR=breakpoint, or EQX_ON_ERROR=breakpoint, "

@@ -6,7 +6,8 @@ remaining width, otherwise one item per line, indented.
 
 The printer sits below the classes it prints: a class chooses its printed form
 by defining `__tree_pformat__(self) -> (name, [(prefix, child), ...])`, printed
-as `name(prefix child, ...)` (`NonDifferentiable` and `Partial` do).
+as `name(prefix child, ...)` (`NonDifferentiable` and `Partial` do), or
+returning a string printed as it is (an `Enumeration` case does).
 """
 
 from __future__ import annotations
@@ -227,7 +228,10 @@ def _container_doc(obj: Any, opts: _Options, active: set[int]) -> _Doc:
     name = type(obj).__name__
     hook = getattr(type(obj), "__tree_pformat__", None)
     if hook is not None:
-        hook_name, children = hook(obj)
+        shown = hook(obj)
+        if isinstance(shown, str):
+            return _Text(shown)
+        hook_name, children = shown
         items = [
             _Prefixed(prefix, _to_doc(child, opts, active))
             if prefix

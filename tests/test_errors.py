@@ -547,3 +547,18 @@ def test_a_failure_under_jax_jit_is_translated_by_runtime_error_from():
     translated = runtime_error_from(info.value)
     assert isinstance(translated, fx.FilteraxRuntimeError)
     assert "x must be non-negative" in str(translated)
+
+
+def test_a_check_failing_at_trace_time_raises_the_tracetime_error():
+    # Equinox code catches `EquinoxTracetimeError`; filterax's own
+    # `except FilteraxRuntimeError` catches it too.
+    assert fx.EquinoxTracetimeError is fx.FilteraxTracetimeError
+    assert issubclass(fx.FilteraxTracetimeError, fx.FilteraxRuntimeError)
+    with pytest.raises(fx.EquinoxTracetimeError, match="known at once"):
+        fx.error_if(jnp.ones(2), True, "known at once")
+    with pytest.raises(fx.EquinoxTracetimeError, match="second"):
+        fx.branched_error_if(jnp.ones(2), jnp.array(True), 1, ["first", "second"])
+    failing = fx.filter_jit(lambda x: fx.error_if(x, x > 0, "at run time"))
+    with pytest.raises(fx.FilteraxRuntimeError, match="at run time") as info:
+        failing(jnp.ones(2))
+    assert not isinstance(info.value, fx.FilteraxTracetimeError)
