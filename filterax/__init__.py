@@ -32,6 +32,7 @@ from ._module import (
     Module as Module,
     Partial as Partial,
     StaticArrayWarning as StaticArrayWarning,
+    StrictConfig as StrictConfig,
     field as field,
     module_update_wrapper as module_update_wrapper,
     static_field as static_field,

@@ -13,8 +13,6 @@ MIGRATION_GUIDE = "docs/migration.md (section 'Equinox names filterax does not h
 # Name -> why it is absent, or what to use instead.
 EQUINOX_NAMES: dict[str, dict[str, str]] = {
     "filterax": {
-        "StrictConfig": "strict Modules are not implemented (the class keywords "
-        "strict=True/False are accepted and ignored)",
         "internal": "Equinox's private namespace has no public counterpart; its "
         "loops are filterax's public `filter_scan`, `filter_while_loop`...",
     },

@@ -17,7 +17,7 @@ know nothing about them).
 
 from ._abstract import AbstractClassVar, AbstractVar
 from ._field import StaticArrayWarning, field, static_field
-from ._module import BoundMethod, Module
+from ._module import BoundMethod, Module, StrictConfig
 from ._partial import Partial
 from ._wrappers import FunctionWrapper, module_update_wrapper
 
@@ -29,6 +29,7 @@ __all__ = [
     "Module",
     "Partial",
     "StaticArrayWarning",
+    "StrictConfig",
     "field",
     "module_update_wrapper",
     "static_field",

@@ -28,7 +28,41 @@ from ._construction import (
 )
 from ._field import field
 
-__all__ = ["BoundMethod", "Module"]
+__all__ = ["BoundMethod", "Module", "StrictConfig"]
+
+
+def StrictConfig(  # noqa: N802 - Equinox's name, once a class
+    force_abstract: bool = False, **kwargs: object
+) -> bool | None:
+    """The value of the `strict=` class keyword of Equinox code written for its
+    former strict Modules: `class A(fx.Module, strict=fx.StrictConfig(...))`.
+    Strictness is not checked (as in Equinox now); `force_abstract=True`
+    (also under Equinox's spelling `force_abstact`) makes the class abstract,
+    as `is_abstract=True` does. Other options are accepted and ignored.
+
+    **Arguments:**
+
+    - `force_abstract`: whether the class is abstract (cannot be
+      instantiated) even though it leaves nothing abstract.
+    - `**kwargs`: the other former options, ignored.
+
+    **Returns:** `None` to make the class abstract, else `False`: what
+    `strict=` takes.
+
+    ```python
+    >>> import filterax as fx
+    >>> class Base(fx.Module, strict=fx.StrictConfig(force_abstract=True)):
+    ...     x: int
+    >>> try:
+    ...     Base(1)
+    ... except TypeError:
+    ...     print("abstract")
+    abstract
+
+    ```
+    """
+    force_abstract = force_abstract or bool(kwargs.get("force_abstact", False))
+    return None if force_abstract else False
 
 
 def _is_dunder(name: str) -> bool:
@@ -76,7 +110,10 @@ class _ModuleMeta(abc.ABCMeta):
         strict: bool | None = False,
         **kwargs: Any,
     ) -> type:
-        # `strict` is accepted for Equinox code, which ignores it too.
+        # `strict` is accepted for Equinox code, which ignores it too, except
+        # for the `None` of `StrictConfig(force_abstract=True)`.
+        if strict is None:
+            is_abstract = True
         del strict
         for attribute in ("__setattr__", "__delattr__"):
             if attribute in namespace:

@@ -414,6 +414,33 @@ def test_strict_class_keyword_of_equinox_code_is_accepted(strict):
     assert Layer(1).x == 1
 
 
+@pytest.mark.parametrize(
+    "config, abstract",
+    [
+        ({}, False),
+        ({"force_abstract": False}, False),
+        ({"force_abstract": True}, True),
+        ({"force_abstact": True}, True),  # Equinox's spelling
+        ({"allow_method_override": True}, False),
+    ],
+)
+def test_strict_config_of_equinox_code_makes_abstract_only_when_forced(
+    config, abstract
+):
+    class Layer(fx.Module, strict=fx.StrictConfig(**config)):
+        x: int
+
+    class Concrete(Layer):
+        pass
+
+    assert Concrete(2).x == 2
+    if abstract:
+        with pytest.raises(TypeError, match="abstract"):
+            Layer(1)
+    else:
+        assert Layer(1).x == 1
+
+
 def test_abc_abstractmethod_blocks_instantiation():
     class Layer(fx.Module):
         @abc.abstractmethod
