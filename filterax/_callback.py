@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
 from ._filters import is_array
 from ._split import split
@@ -69,16 +70,24 @@ def filter_pure_callback(
     out_structs = [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in out_dynamic_structs]
     expected = out_static.merge(out_structs)
     expected_shapes = [(struct.shape, struct.dtype) for struct in out_structs]
+    in_ranks = [np.ndim(leaf) for leaf in in_dynamic]
 
     def host_callback(*host_dynamic: Any) -> list[Any]:
         call_args, call_kwargs = in_static.merge(host_dynamic)
         out = callback(*call_args, **call_kwargs)
         out_dynamic, out_static_part = split(out, _is_struct)
+        # Under `vmap` with a vectorised `vmap_method`, the callback sees (and
+        # returns) arrays with leading batch axes: only the trailing ones are
+        # declared.
+        batched = any(np.ndim(h) > r for h, r in zip(host_dynamic, in_ranks))
         # As `jax.pure_callback`: a 64-bit result stands for its 32-bit
         # declaration when 64-bit types are disabled (NumPy's defaults).
         if out_static_part == out_static and expected_shapes == [
-            (leaf.shape, jax.dtypes.canonicalize_dtype(leaf.dtype))
-            for leaf in out_dynamic
+            (
+                leaf.shape[leaf.ndim - len(shape) :] if batched else leaf.shape,
+                jax.dtypes.canonicalize_dtype(leaf.dtype),
+            )
+            for leaf, (shape, _) in zip(out_dynamic, expected_shapes)
         ]:
             return out_dynamic
         # Only on a mismatch: name where the output parts from the expectation.

@@ -545,16 +545,22 @@ def _concrete_bool(pred: Any) -> bool | None:
 
 
 def _validated_pred(pred: Any) -> Any:
+    """`pred` as a bool or boolean array. A number counts by its truth, as
+    in Equinox (`error_if(x, jnp.sum(x < 0), ...)`): non-zero fails."""
     if isinstance(pred, (bool, np.bool_)):
         return pred
+    if isinstance(pred, (int, float, complex)):
+        return bool(pred)
     dtype = getattr(pred, "dtype", None)
-    if dtype is None or not jnp.issubdtype(dtype, jnp.bool_):
-        shown = type(pred).__name__ if dtype is None else f"an array of {dtype}"
-        raise TypeError(
-            f"error_if: `pred` must be a bool or a boolean array, got {shown}. "
-            "Compare to get one, e.g. `x < 0`."
-        )
-    return pred
+    if dtype is not None and jnp.issubdtype(dtype, jnp.bool_):
+        return pred
+    if dtype is not None and jnp.issubdtype(dtype, jnp.number):
+        return pred != 0
+    shown = type(pred).__name__ if dtype is None else f"an array of {dtype}"
+    raise TypeError(
+        f"error_if: `pred` must be a bool or a boolean array (a number counts "
+        f"as true when non-zero), got {shown}. Compare to get one, e.g. `x < 0`."
+    )
 
 
 def _validated_index(index: Any, msgs: Sequence[str]) -> Any:
@@ -673,7 +679,8 @@ def error_if(
     **Arguments:**
 
     - `x`: any pytree holding at least one array, returned unchanged.
-    - `pred`: a bool or boolean array; the check fails if any element is `True`.
+    - `pred`: a bool or boolean array; the check fails if any element is `True`
+      (a number, or an array of numbers, counts as `True` when non-zero).
     - `msg`: the error message.
     - `on_error`: keyword only, see above.
 
@@ -681,7 +688,7 @@ def error_if(
     the rest of the unused computation.
 
     **Raises:** `FilteraxRuntimeError` as described; `TypeError` for a `pred`
-    that is not boolean; `ValueError` for an unknown `on_error` or if `x` holds
+    that is neither boolean nor numeric; `ValueError` for an unknown `on_error` or if `x` holds
     no array while `pred` is only known at run time.
 
     ```python
@@ -722,7 +729,8 @@ def branched_error_if(
     **Arguments:**
 
     - `x`: any pytree holding at least one array, returned unchanged.
-    - `pred`: a bool or boolean array; the check fails if any element is `True`.
+    - `pred`: a bool or boolean array; the check fails if any element is `True`
+      (a number, or an array of numbers, counts as `True` when non-zero).
     - `index`: an int or integer scalar array selecting the message.
     - `msgs`: the messages, a non-empty sequence of strings.
     - `on_error`: keyword only, as for `error_if`.

@@ -501,9 +501,22 @@ def test_an_unknown_mode_is_rejected():
         fx.error_if(jnp.array(1.0), False, "bad", on_error="loud")  # type: ignore[arg-type]
 
 
-def test_a_non_boolean_predicate_is_rejected():
+def test_a_non_numeric_predicate_is_rejected():
     with pytest.raises(TypeError, match="boolean"):
-        fx.error_if(jnp.array(1.0), jnp.array(1.0), "bad")
+        fx.error_if(jnp.array(1.0), "yes", "bad")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="boolean"):
+        fx.error_if(jnp.array(1.0), jax.random.key(0), "bad")
+
+
+def test_a_numeric_predicate_counts_by_its_truth():
+    # As in Equinox: `error_if(x, jnp.sum(x < 0), ...)` fails when non-zero.
+    check = fx.filter_jit(lambda x: fx.error_if(x, jnp.sum(x < 0), "negatives"))
+    np.testing.assert_array_equal(check(jnp.ones(2)), jnp.ones(2))
+    with pytest.raises(fx.FilteraxRuntimeError, match="negatives"):
+        check(jnp.array([1.0, -1.0]))
+    assert fx.error_if(jnp.ones(2), 0, "zero passes") is not None
+    with pytest.raises(fx.FilteraxRuntimeError, match="non-zero fails"):
+        fx.error_if(jnp.ones(2), jnp.array(2.0), "non-zero fails")
 
 
 def test_a_non_string_message_is_rejected():

@@ -211,6 +211,29 @@ def test_pure_callback_keywords_and_vmap_method():
     np.testing.assert_allclose(f(jnp.arange(3.0)), [0.0, 1.0, 4.0])
 
 
+@pytest.mark.parametrize(
+    "vmap_method", ["sequential", "expand_dims", "broadcast_all", "legacy_vectorized"]
+)
+def test_pure_callback_vectorised_vmap_methods_return_batched_outputs(vmap_method):
+    # Vectorised methods hand the callback the whole batch: its output has the
+    # batch axes in front of the declared shape.
+    calls = []
+
+    def host(x, scale):
+        calls.append(np.shape(x))
+        return {"y": np.asarray(x) * 2, "scale": scale}
+
+    def f(x):
+        spec = {"y": jax.ShapeDtypeStruct(x.shape, x.dtype), "scale": "s"}
+        return fx.filter_pure_callback(
+            host, x, "s", result_shape_dtypes=spec, vmap_method=vmap_method
+        )["y"]
+
+    x = jnp.arange(6.0).reshape(2, 3)
+    np.testing.assert_allclose(jax.vmap(f)(x), 2 * x)
+    assert calls == ([(3,), (3,)] if vmap_method == "sequential" else [(2, 3)])
+
+
 def test_pure_callback_mismatched_static_output_is_an_error():
     def host(x):
         return x, "other"

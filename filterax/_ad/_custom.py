@@ -13,7 +13,13 @@ import jax
 import jax.tree_util as jtu
 from jax.custom_derivatives import SymbolicZero as _JaxSymbolicZero
 
-from .._filters import combine, is_array, is_inexact_array_like, partition
+from .._filters import (
+    combine,
+    is_array,
+    is_inexact_array,
+    is_inexact_array_like,
+    partition,
+)
 from .._split import Static
 from .._structure import argument_path
 from ._nondiff import partition_differentiable
@@ -40,6 +46,7 @@ def _differentiable_perturbations(
     kind: str,
     root: str,
     owner: str,
+    ignore_non_differentiable: bool = False,
 ) -> list[Any]:
     """A user-given tangent/cotangent (the structure of what it perturbs, `None`
     or SymbolicZero anywhere), matched against `structure` (a `skeleton`), as
@@ -47,7 +54,13 @@ def _differentiable_perturbations(
     given."""
     live = dict(
         match_perturbation(
-            perturbation, structure, kind, root, owner=owner, keep_python_scalars=True
+            perturbation,
+            structure,
+            kind,
+            root,
+            owner=owner,
+            keep_python_scalars=True,
+            ignore_non_differentiable=ignore_non_differentiable,
         )
     )
     return [
@@ -185,7 +198,9 @@ class filter_custom_jvp:
                 f"filter_custom_jvp function {getattr(self.fn, '__name__', self.fn)!r}"
                 " was called before its rule was registered with `.def_jvp`."
             )
-        parts = split_differentiable((args, kwargs), is_inexact_array_like)
+        # Python scalars stay Python values (static), as in Equinox: a rule
+        # or primal may branch on them.
+        parts = split_differentiable((args, kwargs), is_inexact_array)
         return merge_differentiable(*self._custom(*parts))
 
 
@@ -217,8 +232,11 @@ class filter_custom_vjp:
       differentiable leaves and `None` wherever it is zero or the leaf is not
       differentiable.
     - `grad_vjp_arg` has `vjp_arg`'s structure; `None` is accepted in place of
-      any leaf or subtree (meaning zero) and required at non-differentiable
-      leaves.
+      any leaf or subtree (meaning zero). Whatever stands at a
+      non-differentiable leaf (`None`, or the primal's value when the
+      cotangent is built from `vjp_arg` with `tree_at`) is ignored, as in
+      Equinox. A NumPy `float64` cotangent for a `float32` leaf is taken as
+      `float32` when x64 is disabled, as JAX takes the primals.
 
     **Arguments:**
 
@@ -417,6 +435,9 @@ class filter_custom_vjp:
                 "cotangent",
                 "grad_vjp_arg",
                 "argument",
+                # As in Equinox: a rule may leave the primal's value (or a
+                # zero) at a leaf that is not differentiated.
+                ignore_non_differentiable=True,
             )
         )
         return grad_diff, None, None, None

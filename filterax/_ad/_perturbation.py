@@ -9,6 +9,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import jax.tree_util as jtu
+from jax.dtypes import canonicalize_dtype
 
 from .._filters import (
     combine,
@@ -131,6 +132,7 @@ def match_perturbation(
     root: str,
     owner: str | None = None,
     keep_python_scalars: bool = False,
+    ignore_non_differentiable: bool = False,
 ) -> list[tuple[int, Any]]:
     """Matches a tangent or cotangent against the `skeleton` of what it perturbs.
 
@@ -143,7 +145,9 @@ def match_perturbation(
     mismatch; `kind` ("tangent" or "cotangent") and `owner` (what it perturbs:
     "output", "primal", "argument") are used in messages. A Python scalar given
     for a Python scalar stays one with `keep_python_scalars` (custom rules hand
-    it back to JAX as such); otherwise it becomes an array.
+    it back to JAX as such); otherwise it becomes an array. With
+    `ignore_non_differentiable`, whatever stands at a non-differentiable leaf
+    is dropped rather than refused (a custom rule's copy of the primal there).
     """
     if owner is None:
         owner = "output" if kind == "cotangent" else "primal"
@@ -160,7 +164,13 @@ def match_perturbation(
         infos = jtu.tree_leaves(subtree)
         if isinstance(subtree, LeafInfo):
             value = _check_leaf(
-                value, subtree, kind, owner, path_text(root, path), keep_python_scalars
+                value,
+                subtree,
+                kind,
+                owner,
+                path_text(root, path),
+                keep_python_scalars,
+                ignore_non_differentiable,
             )
             if value is not None:
                 live.append((index, value))
@@ -176,10 +186,16 @@ def match_perturbation(
 
 
 def _check_leaf(
-    value: Any, info: LeafInfo, kind: str, owner: str, at: str, keep_scalars: bool
+    value: Any,
+    info: LeafInfo,
+    kind: str,
+    owner: str,
+    at: str,
+    keep_scalars: bool,
+    ignore_non_differentiable: bool,
 ) -> Any:
     """Validates one tangent/cotangent leaf; returns it as an array, or `None`
-    when it is a (symbolic) zero."""
+    when it is a (symbolic) zero or ignored."""
     if value is None:
         return None
     if isinstance(value, SymbolicZero):
@@ -193,6 +209,8 @@ def _check_leaf(
             )
         return None
     if not info.differentiable:
+        if ignore_non_differentiable:
+            return None
         raise PerturbationError(
             f"The {owner} at {at} is {info.description}, so its {kind} must "
             f"be None or a SymbolicZero; got {describe_leaf(value)}."
@@ -206,7 +224,12 @@ def _check_leaf(
             f"The {kind} at {at} is {describe_leaf(value)}; expected an array of "
             f"shape {info.shape} and dtype {info.dtype}, or None."
         )
-    if tuple(value.shape) != info.shape or value.dtype != info.dtype:
+    expected = canonicalize_dtype(info.dtype)
+    if value.dtype != expected and canonicalize_dtype(value.dtype) == expected:
+        # NumPy's float64 with x64 disabled: JAX takes it as float32, as it
+        # does the primals.
+        value = jnp.asarray(value, expected)
+    if tuple(value.shape) != info.shape or value.dtype != expected:
         hint = ""
         if jnp.iscomplexobj(value) and not jnp.iscomplexobj(jnp.zeros((), info.dtype)):
             hint = " A real output takes a real cotangent, never a complex one."

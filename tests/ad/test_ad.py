@@ -393,6 +393,22 @@ def test_vjp_wrong_dtype_names_path_and_expected_dtype():
         vjp_fn(_cotangent(beta=jnp.ones((), jnp.float16)))
 
 
+def test_numpy_float64_perturbations_count_as_float32_without_x64():
+    # As `jax.vjp` and `jax.jvp` take them: NumPy's default float64 is
+    # float32 once canonicalised, for cotangents, tangents and primals.
+    x = jnp.array([1.0, 3.0])
+    _, vjp_fn = fx.filter_vjp(lambda x: x * 2, x)
+    (cotangent,) = vjp_fn(np.ones(2))
+    assert cotangent.dtype == jnp.float32
+    np.testing.assert_array_equal(cotangent, np.full(2, 2.0))
+    for primal, tangent in [(x, np.ones(2)), (np.ones(2), jnp.ones(2))]:
+        _, t_out = fx.filter_jvp(lambda x: x * 2, (primal,), (tangent,))
+        assert t_out.dtype == jnp.float32
+        np.testing.assert_array_equal(t_out, np.full(2, 2.0))
+    _, t_out = fx.filter_jvp(lambda x: x * 2, (np.ones(2),), (np.ones(2),))
+    np.testing.assert_array_equal(t_out, np.full(2, 2.0))
+
+
 def test_vjp_wrong_symbolic_zero_names_path():
     _, vjp_fn = fx.filter_vjp(_named_losses, _vjp_params(), jnp.ones(2))
     with pytest.raises(ValueError, match=r"out\['alpha'\].*expected SymbolicZero"):

@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import filterax as fx
@@ -231,17 +232,37 @@ def test_custom_vjp_non_differentiable_arguments_never_receive_cotangents():
     assert grad["frozen"] is None and jnp.array_equal(grad["w"], jnp.full(2, 2.0))
 
 
-def test_custom_vjp_bwd_cotangent_for_non_differentiable_leaf_names_path():
+def test_custom_vjp_bwd_values_at_non_differentiable_leaves_are_ignored():
+    # As in Equinox: a rule that builds its cotangent from `vjp_arg` (keeping
+    # its string, or a zero for its integer buffer) is accepted, and those
+    # leaves get no gradient.
     @fx.filter_custom_vjp
     def f(p):
         return (p["w"] * p["n"]).sum()
 
     f.def_fwd(lambda perturbed, p: (f(p), None))
-    f.def_bwd(lambda res, g, perturbed, p: {"w": g * p["w"], "n": jnp.ones(())})
-    with pytest.raises(
-        ValueError, match=r"grad_vjp_arg\['n'\].*None or a SymbolicZero"
-    ):
-        fx.filter_grad(f)({"w": jnp.ones(2), "n": jnp.array(2)})
+    f.def_bwd(
+        lambda res, g, perturbed, p: fx.tree_at(
+            lambda q: (q["w"], q["n"]),
+            p,
+            (jnp.full(2, g * p["n"]), jnp.zeros((), jnp.int32)),
+        )
+    )
+    grad = fx.filter_grad(f)({"w": jnp.ones(2), "n": jnp.array(2), "tag": "x"})
+    assert grad["n"] is None and grad["tag"] is None
+    np.testing.assert_array_equal(grad["w"], jnp.full(2, 2.0))
+
+
+def test_custom_vjp_bwd_numpy_float64_cotangent_is_taken_as_float32():
+    @fx.filter_custom_vjp
+    def f(w):
+        return w * 2
+
+    f.def_fwd(lambda perturbed, w: (f(w), None))
+    f.def_bwd(lambda res, g, perturbed, w: np.full(2, 2.0))
+    grad = jax.grad(lambda w: f(w).sum())(jnp.ones(2))
+    assert grad.dtype == jnp.float32
+    np.testing.assert_array_equal(grad, np.full(2, 2.0))
 
 
 def test_custom_vjp_bwd_wrong_shape_names_path():
@@ -301,3 +322,25 @@ def test_deprecated_defvjp_warns_and_registers_rules_without_perturbed():
         scaled.defvjp(forward, backward)
     grad = fx.filter_grad(lambda x: scaled(x, 3.0).sum())(jnp.ones(2))
     assert jnp.array_equal(grad, jnp.full(2, 30.0))
+
+
+def test_custom_jvp_python_scalars_stay_python_values_under_jit():
+    # As in Equinox: a Python float argument is static, so the function and
+    # its rule may branch on it, and it gets no tangent.
+    seen = []
+
+    @fx.filter_custom_jvp
+    def scaled(x, scale):
+        seen.append(type(scale))
+        return x * scale if scale > 2 else x
+
+    @scaled.def_jvp
+    def _(primals, tangents):
+        x, scale = primals
+        assert tangents[1] is None
+        return scaled(x, scale), tangents[0] * scale
+
+    assert float(jax.jit(lambda x: scaled(x, 3.0))(jnp.array(1.0))) == 3.0
+    gradient = fx.filter_jit(jax.grad(lambda x: scaled(x, 3.0)))(jnp.array(1.0))
+    assert float(gradient) == 3.0
+    assert set(seen) == {float}
