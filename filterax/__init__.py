@@ -21,6 +21,9 @@ from ._filters import (
     partition as partition,
 )
 
+# --- deprecations (_warnings.py) ---
+from ._warnings import FilteraxDeprecationWarning as FilteraxDeprecationWarning
+
 # --- annotations (_typing.py) ---
 from ._typing import PyTree as PyTree
 

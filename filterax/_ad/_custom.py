@@ -5,7 +5,6 @@ non-differentiable parts."""
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ from .._filters import (
 )
 from .._split import Static
 from .._structure import argument_path
+from .._warnings import warn_deprecated
 from ._nondiff import partition_differentiable
 from ._perturbation import (
     LeafInfo,
@@ -334,18 +334,17 @@ class filter_custom_vjp:
         >>> import filterax as fx
         >>> identity = fx.filter_custom_vjp(lambda x: x)
         >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("ignore", DeprecationWarning)
+        ...     warnings.simplefilter("ignore", fx.FilteraxDeprecationWarning)
         ...     identity.defvjp(lambda x: (x, None), lambda res, g, x: 2 * g)
         >>> fx.filter_grad(lambda x: identity(x).sum())(jnp.ones(2))
         Array([2., 2.], dtype=float32)
 
         ```
         """
-        warnings.warn(
+        warn_deprecated(
             "filter_custom_vjp.defvjp is deprecated (as in Equinox): use "
             "`def_fwd(fn_fwd)` and `def_bwd(fn_bwd)`, whose rules also receive "
             "`perturbed`.",
-            DeprecationWarning,
             stacklevel=2,
         )
 

@@ -49,6 +49,7 @@ import jax
 
 from .._compat import register_dataclass_node
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
+from .._warnings import GENERATED_FILENAME
 from ._field import StaticArrayWarning
 
 __all__ = [
@@ -505,7 +506,7 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
     namespace: dict[str, Any] = {}
     # Executed with the class's module globals, as dataclasses does, so string
     # annotations (`from __future__ import annotations`) resolve for jaxtyping.
-    exec(source, module_globals, namespace)  # noqa: S102
+    exec(compile(source, GENERATED_FILENAME, "exec"), module_globals, namespace)  # noqa: S102
     init = namespace["_build"](**closure)
     init.__defaults__ = tuple(defaults[n] for n in positional if n in defaults) or None
     init.__kwdefaults__ = {
@@ -661,7 +662,7 @@ def wrap_custom_init(
         + "\n return __init__\n"
     )
     namespace: dict[str, Any] = {}
-    exec(source, {}, namespace)  # noqa: S102
+    exec(compile(source, GENERATED_FILENAME, "exec"), {}, namespace)  # noqa: S102
     init = namespace["_build"](**closure)
     init.__kwdefaults__ = dict.fromkeys(caught, _UNSET)
     functools.update_wrapper(init, user_init)

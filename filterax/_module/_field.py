@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable
 from typing import Any
+
+from .._warnings import warn_deprecated
 
 __all__ = ["StaticArrayWarning", "field", "static_field"]
 
@@ -102,14 +103,13 @@ def static_field(**kwargs: Any) -> Any:
     ...     warnings.simplefilter("always")
     ...     declared = fx.static_field(default=3)
     >>> caught[0].category.__name__, declared.metadata["static"]
-    ('DeprecationWarning', True)
+    ('FilteraxDeprecationWarning', True)
 
     ```
     """
-    warnings.warn(
+    warn_deprecated(
         "filterax.static_field is deprecated (as in Equinox): use "
         "`filterax.field(static=True, ...)` instead.",
-        DeprecationWarning,
         stacklevel=2,
     )
     return field(static=True, **kwargs)

@@ -291,7 +291,7 @@ class MultiheadAttention(Module):
           is drawn (only when the dropout is active) and split likewise.
         - `inference`: overrides the dropout's `inference` flag (keyword only).
         - `deterministic`: deprecated spelling of `inference`; warns with a
-          `FutureWarning` (keyword only).
+          `FilteraxDeprecationWarning` (keyword only).
         - `process_heads`: optional, a function taking and returning the
           projected `(query_heads, key_heads, value_heads)`, of shapes
           `(q_seq, num_heads, qk_size)`, `(kv_seq, num_heads, qk_size)` and

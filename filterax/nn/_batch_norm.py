@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal
 
@@ -11,6 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Inexact, Int, PRNGKeyArray
 
 from .._module import field
+from .._warnings import warn_at_caller
 from ._linear import default_floating_dtype
 from ._sequential import StatefulLayer
 from ._stateful import State, StateIndex
@@ -107,7 +107,7 @@ class BatchNorm(StatefulLayer):
         mode: Literal["ema", "batch", "legacy"] | None = None,
     ):
         if mode is None or mode == "legacy":  # Equinox's name for "not given"
-            warnings.warn(
+            warn_at_caller(
                 "BatchNorm(mode=...) was not given, so it is 'ema' (the historical "
                 "default). 'batch' normalises with the statistics of the batch "
                 "itself and is usually the better choice for new code; pass "

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
 from .._module import Module
 from .._state import RngStream
+from .._warnings import warn_deprecated
 
 __all__ = ["Dropout"]
 
@@ -17,10 +16,9 @@ __all__ = ["Dropout"]
 def _deprecated_deterministic(where: str) -> None:
     """Warns that `where(deterministic=...)` is deprecated, pointing at the code
     that called the method which calls this."""
-    warnings.warn(
+    warn_deprecated(
         f"{where}(deterministic=...) is deprecated; use {where}(inference=...), "
         "which means the same.",
-        FutureWarning,
         stacklevel=3,
     )
 

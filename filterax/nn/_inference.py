@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, TypeVar
 
 import jax.tree_util as jtu
@@ -66,7 +65,8 @@ def inference_mode(model: _T, value: bool = True) -> _T:
 
 
 def tree_inference(pytree: _T, value: bool) -> _T:
-    """Deprecated (as in Equinox): use [`inference_mode`][filterax.nn.inference_mode].
+    """Deprecated (as in Equinox, which does not warn either): use
+    [`inference_mode`][filterax.nn.inference_mode].
 
     **Arguments:**
 
@@ -76,19 +76,10 @@ def tree_inference(pytree: _T, value: bool) -> _T:
     **Returns:** `inference_mode(pytree, value)`.
 
     ```python
-    >>> import warnings
     >>> import filterax as fx
-    >>> with warnings.catch_warnings():
-    ...     warnings.simplefilter("ignore", DeprecationWarning)
-    ...     fx.tree_inference(fx.nn.Dropout(0.5), True).inference
+    >>> fx.tree_inference(fx.nn.Dropout(0.5), True).inference
     True
 
     ```
     """
-    warnings.warn(
-        "filterax.tree_inference is deprecated (as in Equinox): use "
-        "`filterax.nn.inference_mode(pytree, value)`.",
-        DeprecationWarning,
-        stacklevel=2,
-    )
     return inference_mode(pytree, value)

@@ -7,7 +7,6 @@ upcast, float64 stays float64) and returns the input's dtype.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any, TypeVar, overload
 
@@ -16,6 +15,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
+from .._warnings import warn_deprecated
 from ._linear import statistics_dtype
 from ._stateful import _NO_STATE
 
@@ -83,7 +83,7 @@ class LayerNorm(Module):
     - `dtype`: the dtype of `weight` and `bias`; defaults to float32 (float64
       when JAX's x64 mode is on).
     - `elementwise_affine`: deprecated (keyword only); sets both `use_weight`
-      and `use_bias`, and warns with a `FutureWarning`.
+      and `use_bias`, and warns with a `FilteraxDeprecationWarning`.
 
     **Returns:** calling the layer on `x` of shape `shape` returns an array of the
     same shape and dtype (and `(output, state)` when a `state` is passed too).
@@ -118,10 +118,9 @@ class LayerNorm(Module):
         elementwise_affine: bool | None = None,
     ):
         if elementwise_affine is not None:
-            warnings.warn(
+            warn_deprecated(
                 "LayerNorm(elementwise_affine=...) is deprecated: pass "
                 "use_weight=... and use_bias=... instead.",
-                FutureWarning,
                 stacklevel=2,
             )
             use_weight = use_bias = elementwise_affine

@@ -318,7 +318,7 @@ def test_deprecated_defvjp_warns_and_registers_rules_without_perturbed():
     def backward(residual, grad_out, x, factor):
         return 10 * residual * grad_out  # deliberately not the true derivative
 
-    with pytest.warns(DeprecationWarning, match="def_fwd"):
+    with pytest.warns(fx.FilteraxDeprecationWarning, match="def_fwd"):
         scaled.defvjp(forward, backward)
     grad = fx.filter_grad(lambda x: scaled(x, 3.0).sum())(jnp.ones(2))
     assert jnp.array_equal(grad, jnp.full(2, 30.0))

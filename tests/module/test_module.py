@@ -909,7 +909,7 @@ def test_jax_transformed_modules_assigned_as_fields_warn():
 
 
 def test_static_field_is_a_deprecated_alias():
-    with pytest.warns(DeprecationWarning, match="deprecated"):
+    with pytest.warns(fx.FilteraxDeprecationWarning, match="deprecated"):
 
         class Legacy(fx.Module):
             size: int = fx.static_field(default=2)

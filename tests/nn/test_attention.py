@@ -333,7 +333,7 @@ def test_dropout_needs_randomness_unless_in_inference():
 def test_deterministic_is_deprecated_and_means_inference():
     layer = _layer(dropout_p=0.5)
     q, k, v = _inputs()
-    with pytest.warns(FutureWarning, match="inference"):
+    with pytest.warns(fx.FilteraxDeprecationWarning, match="inference"):
         out = layer(q, k, v, deterministic=True)
     assert jnp.array_equal(out, layer(q, k, v, inference=True))
 

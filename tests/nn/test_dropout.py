@@ -89,11 +89,11 @@ def test_p_must_be_a_probability():
 
 
 def test_deterministic_is_a_deprecated_alias():
-    with pytest.warns(FutureWarning, match="inference"):
+    with pytest.warns(fx.FilteraxDeprecationWarning, match="inference"):
         dropout = fx.nn.Dropout(deterministic=True)
     assert dropout.inference is True and dropout.deterministic is True
     x = jnp.ones(3)
-    with pytest.warns(FutureWarning, match="inference"):
+    with pytest.warns(fx.FilteraxDeprecationWarning, match="inference"):
         assert fx.nn.Dropout()(x, deterministic=True) is x
 
 

@@ -123,7 +123,7 @@ def test_layer_norm_without_weight_or_bias():
 
 
 def test_layer_norm_elementwise_affine_is_deprecated_and_sets_both_flags():
-    with pytest.warns(FutureWarning, match="use_weight"):
+    with pytest.warns(fx.FilteraxDeprecationWarning, match="use_weight"):
         norm = fx.nn.LayerNorm(4, elementwise_affine=False)
     assert norm.use_weight is False and norm.use_bias is False
     assert norm.weight is None and norm.bias is None

@@ -1,0 +1,70 @@
+"""Warnings filterax gives: `FilteraxDeprecationWarning`, for names and
+arguments kept for code written against Equinox; and `warn_at_caller`, which
+attributes a warning to the user's code even when filterax's generated code
+(a Module's `__init__`) stands between."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+__all__ = [
+    "GENERATED_FILENAME",
+    "FilteraxDeprecationWarning",
+    "warn_at_caller",
+    "warn_deprecated",
+]
+
+# The file name of the code filterax generates (compiled with it), which
+# `warn_at_caller` steps over.
+GENERATED_FILENAME = "<filterax generated>"
+
+
+class FilteraxDeprecationWarning(FutureWarning, UserWarning):
+    """Warns that a name or argument kept for code written against Equinox
+    (`static_field`, `LayerNorm(elementwise_affine=...)`,
+    `deterministic=`, `filter_custom_vjp.defvjp`) is deprecated, and names
+    what replaces it.
+
+    A `FutureWarning`, so Python shows it by default, and a `UserWarning`, the
+    category Equinox gives these warnings, so filters and `pytest.warns`
+    written for Equinox code match it.
+
+    **Arguments:**
+
+    - `*args`: as for any warning; the first is the message.
+
+    **Returns:** the warning.
+
+    ```python
+    >>> import warnings
+    >>> import filterax as fx
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     _ = fx.static_field(default=3)
+    >>> caught[0].category is fx.FilteraxDeprecationWarning
+    True
+    >>> issubclass(fx.FilteraxDeprecationWarning, (FutureWarning, UserWarning))
+    True
+
+    ```
+    """
+
+
+FilteraxDeprecationWarning.__module__ = "filterax"
+
+
+def warn_at_caller(message: str, category: type[Warning], stacklevel: int) -> None:
+    """`warnings.warn(message, category, stacklevel)` as if called by the
+    caller of this function, except that frames of filterax's generated code
+    (between a layer's `__init__` and the user's call) are not counted."""
+    target = stacklevel  # the frame `warnings.warn` would name, seen from here
+    frame = sys._getframe(target)
+    while frame.f_back is not None and frame.f_code.co_filename == GENERATED_FILENAME:
+        frame, target = frame.f_back, target + 1
+    warnings.warn(message, category, stacklevel=target + 1)
+
+
+def warn_deprecated(message: str, stacklevel: int) -> None:
+    """Gives a `FilteraxDeprecationWarning`, as `warn_at_caller` does."""
+    warn_at_caller(message, FilteraxDeprecationWarning, stacklevel + 1)
