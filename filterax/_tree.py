@@ -108,8 +108,14 @@ for _marked in (_MarkedTuple, _MarkedList):
     )
 
 
+class _PathIndexError(IndexError, ValueError):
+    """An index past the end of a sequence of `pytree`, naming where it is.
+    An `IndexError`, as the same index on `pytree` raises, and a
+    `ValueError`, as `tree_at`'s other complaints about `where` are."""
+
+
 def _index_error(sequence: Any, index: Any) -> IndexError:
-    return IndexError(
+    return _PathIndexError(
         f"index {index!r} is out of range for the {type(sequence).__mro__[1].__name__} "
         f"at {path_text('', sequence.path)}, which has {len(sequence)} element(s)"
     )
@@ -176,6 +182,12 @@ def _describe(obj: Any) -> str:
     return f"{article} {name} ({text})"
 
 
+class NotANodeError(ValueError, TypeError):
+    """`tree_at`'s `where` returned something that is not a node of the tree
+    (a static field, a computed value). A `ValueError`, as filterax documents,
+    and a `TypeError`, as Equinox raises."""
+
+
 def _lookup(obj: Any, by_id: dict[int, Any], what: str) -> _Position:
     found = by_id.get(id(obj))
     if found is _AMBIGUOUS:
@@ -185,7 +197,7 @@ def _lookup(obj: Any, by_id: dict[int, Any], what: str) -> _Position:
             "told apart. Select its parent node instead."
         )
     if found is None or found.marked is not obj:
-        raise ValueError(
+        raise NotANodeError(
             f"tree_at: {what} is {_describe(obj)}, which is not a node of `pytree`. "
             "`where` must return nodes or leaves of `pytree` itself (e.g. "
             "`lambda m: m.layers[0].weight`), not newly built or computed values; "
@@ -202,6 +214,15 @@ def _select(
     try:
         marked = where(root.marked)
     except Exception as error:
+        # Wrong for the tree itself (a missing key, say): its own error, as
+        # Equinox gives it (ours, naming the place, for an index past the
+        # end). Otherwise `where` used the leaf values.
+        try:
+            where(pytree)
+        except Exception:
+            if isinstance(error, _PathIndexError):
+                raise error from None
+            raise
         raise ValueError(
             "tree_at: `where` failed on a copy of `pytree` whose leaves were "
             f"replaced by placeholders ({type(error).__name__}: {error}). `where` "

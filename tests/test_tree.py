@@ -616,3 +616,19 @@ def test_tree_at_where_may_walk_the_tree_with_jax_tree_util():
         lambda t: jax.tree_util.tree_leaves(t), ([1.0, (2.0,)],), [3.0, 4.0]
     )
     assert out == ([3.0, (4.0,)],)
+
+
+def test_tree_at_errors_keep_the_exception_types_equinox_code_catches():
+    # A `where` wrong for the tree itself raises its own error (a missing key
+    # is a KeyError); selecting a static field is a TypeError (and a
+    # ValueError, as filterax documents).
+    with pytest.raises(KeyError):
+        fx.tree_at(lambda t: t["missing"], {"a": 1}, 2)
+
+    class Layer(fx.Module):
+        weight: jax.Array
+        size: int = fx.field(static=True)
+
+    with pytest.raises(TypeError, match="not a node of `pytree`") as info:
+        fx.tree_at(lambda m: m.size, Layer(jnp.ones(2), 2), 3)
+    assert isinstance(info.value, ValueError)
