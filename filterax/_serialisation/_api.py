@@ -27,6 +27,7 @@ the whole file.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -214,15 +215,63 @@ def _check_paths(name: str, stored: list[str], wanted: list[_Leaf]) -> None:
     )
 
 
+def _is_under(path: str, prefix: str) -> bool:
+    """Whether the key path `path` (a `keystr`) lies in the subtree at
+    `prefix`."""
+    return path.startswith(prefix) and path[len(prefix) : len(prefix) + 1] in (
+        "",
+        ".",
+        "[",
+    )
+
+
+# One key of a `keystr`: `.name`, `[0]`, `['key']`, `["key"]`, `[<flat index 0>]`.
+_ONE_KEY = re.compile(
+    r"\.[A-Za-z_]\w*|\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]'\"]*)\]"
+)
+
+
+def _subtree_at(stored: list[str], wanted: list[str]) -> tuple[int, str] | None:
+    """Where the file holds `like` as one whole top-level part of what it
+    saved (the model of a `(model, opt_state)` checkpoint, at `[0]`):
+    `(index of its first entry, key of the part)`, when exactly one part
+    fits. Deeper subtrees are not looked at: the optimiser state's moments
+    mirror the model's paths too."""
+    if not wanted or not wanted[0]:
+        return None
+    found = []
+    for start, path in enumerate(stored[: len(stored) - len(wanted) + 1]):
+        prefix = path[: len(path) - len(wanted[0])]
+        if not path.endswith(wanted[0]) or not _ONE_KEY.fullmatch(prefix):
+            continue
+        block = range(start, start + len(wanted))
+        if all(stored[i] == prefix + w for i, w in zip(block, wanted)) and [
+            i for i, p in enumerate(stored) if _is_under(p, prefix)
+        ] == list(block):
+            found.append((start, prefix))
+    return found[0] if len(found) == 1 else None
+
+
 def _load_filterax(source: Source, entries: list[_Leaf]) -> list[Any]:
     reader = FormatReader(source)
-    _check_paths(source.name, reader.read_header(), entries)
+    stored = reader.read_header()
+    prefix, start = "", 0
+    if stored != [entry.path for entry in entries]:
+        subtree = _subtree_at(stored, [entry.path for entry in entries])
+        if subtree is None:
+            _check_paths(source.name, stored, entries)
+        else:
+            start, prefix = subtree
+    for path in stored[:start]:
+        reader.skip_data(reader.read_entry_meta(path))
     loaded = []
     for entry in entries:
-        meta = reader.read_entry_meta(entry.path)
+        meta = reader.read_entry_meta(prefix + entry.path)
         handle = LeafReader(reader, meta, entry.key_path, entry_as_npy)
         loaded.append(entry.spec(handle, entry.leaf))
         handle.finish()
+    for path in stored[start + len(entries) :]:
+        reader.skip_data(reader.read_entry_meta(path))
     reader.read_footer()
     return loaded
 
@@ -254,7 +303,9 @@ def tree_deserialise_leaves(
 
     Everything is checked before anything is returned: the magic number,
     checksums and format version, that the file's key paths are exactly those
-    of `like`, and that each entry matches its `like` leaf. Every size the file
+    of `like` (or of one whole top-level part of what was saved, which is then
+    loaded alone: the model of a `(model, opt_state)` checkpoint), and that each
+    entry matches its `like` leaf. Every size the file
     claims is checked against what the file holds before memory is allocated
     for it. `like` itself is never modified: a Ref in `like` gives a new Ref
     holding the loaded value. Leaves are read straight into their new buffers

@@ -243,6 +243,37 @@ def _python_scalar(handle: LeafReader, kind: str) -> Any:
     return value
 
 
+# Which stored values a Python scalar of each kind takes, when they convert
+# to it exactly (an `int` saved where `like` now has a `float`, a 0-d array
+# saved where `like` has a Python scalar).
+_WIDENINGS = {
+    "float": ("int", "b", "u", "i", "f"),
+    "complex": ("int", "float", "b", "u", "i", "f", "c"),
+    "int": ("b", "u", "i"),
+}
+
+
+def _widened_scalar(handle: LeafReader, kind: str, mismatch: Any) -> Any:
+    """A Python scalar of `kind` from an entry of another kind that converts
+    to it exactly; `mismatch()` is raised otherwise (nothing read)."""
+    meta = handle.meta
+    allowed = _WIDENINGS.get(kind, ())
+    if meta.kind in ("int", "float") and meta.kind in allowed:
+        value = _python_scalar(handle, meta.kind)
+    elif (
+        meta.kind in ARRAY_KINDS
+        and meta.shape == ()
+        and dtype_from_name(meta.dtype).kind in allowed
+    ):
+        value = _read_array(handle, meta.dtype, (), for_jax=False)[()].item()
+    else:
+        raise mismatch()
+    converted = {"float": float, "complex": complex, "int": int}[kind](value)
+    if converted != value:  # an int too large for a float, say
+        raise mismatch()
+    return converted
+
+
 def entry_as_npy(handle: LeafReader) -> bytes:
     """A typed entry as the bytes `numpy.save` writes for its value (what
     Equinox's default `filter_spec` stores), for a `filter_spec` callable that
@@ -340,9 +371,9 @@ def _decode_leaf_as(handle: LeafReader, like: Any, mismatch: Any) -> Any:
         return finish_array(array, like)
     kind = python_scalar_kind(like)
     if kind is not None:
-        if meta.kind != kind:
-            raise mismatch()
-        return _decode_python_scalar(handle, kind, like)
+        if meta.kind == kind:
+            return _decode_python_scalar(handle, kind, like)
+        return as_like_scalar(_widened_scalar(handle, kind, mismatch), like)
     if meta.kind == "object" or (meta.kind == "raw" and meta.nbytes == 0):
         handle.take(handle.format_reader.read_data)  # checks the (empty) data
         return like

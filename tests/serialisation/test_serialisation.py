@@ -304,6 +304,19 @@ def test_several_checkpoints_follow_each_other_in_one_file() -> None:
     assert file.read() == b""
 
 
+class _NonSeekable(io.RawIOBase):
+    """A readable stream that cannot seek."""
+
+    def __init__(self, data: bytes) -> None:
+        self.inner = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        return self.inner.readinto(b)
+
+
 def test_non_seekable_streams_work_both_ways() -> None:
     class WriteOnly(io.RawIOBase):
         def __init__(self) -> None:
@@ -316,21 +329,11 @@ def test_non_seekable_streams_work_both_ways() -> None:
             self.data += bytes(b)
             return len(b)
 
-    class ReadOnly(io.RawIOBase):
-        def __init__(self, data: bytes) -> None:
-            self.inner = io.BytesIO(data)
-
-        def readable(self) -> bool:
-            return True
-
-        def readinto(self, b: Any) -> int:
-            return self.inner.readinto(b)
-
     sink = WriteOnly()
     tree = {"a": np.arange(5), "b": np.ones(3)}
     fx.tree_serialise_leaves(sink, tree)
     keep_b = {"a": fx.default_deserialise_filter_spec, "b": lambda f, like: like}
-    restored = fx.tree_deserialise_leaves(ReadOnly(bytes(sink.data)), tree, keep_b)
+    restored = fx.tree_deserialise_leaves(_NonSeekable(bytes(sink.data)), tree, keep_b)
     assert restored["b"] is tree["b"]  # the unread entry was skipped by reading past it
     assert_bitwise_equal(restored, tree)
 
@@ -542,6 +545,58 @@ def test_extra_entry_is_named() -> None:
     data = save_to_bytes({**TREE, "extra": 1.0})
     with pytest.raises(fx.SerialisationError, match=r"no leaf for: \['extra'\]"):
         load_from_bytes(data, TREE)
+
+
+def test_a_like_that_is_one_subtree_of_the_saved_tree_loads_it_alone() -> None:
+    # The model of a `(model, opt_state)` checkpoint, by its key paths; the
+    # other entries are skipped, through a stream too.
+    model = fx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))
+    moments = jax.tree.map(jnp.zeros_like, fx.filter(model, fx.is_array))
+    state = {"count": jnp.array(3), "mu": moments, "nu": moments}
+    data = save_to_bytes((state, model, 0.5))
+    like = fx.nn.MLP(2, 2, 4, 1, key=jax.random.key(1))
+    assert fx.tree_equal(load_from_bytes(data, like), model)
+    assert fx.tree_equal(fx.tree_deserialise_leaves(_NonSeekable(data), like), model)
+    state_like = {"count": jnp.array(0), "mu": moments, "nu": moments}
+    assert fx.tree_equal(load_from_bytes(data, state_like), state)
+    with pytest.raises(fx.SerialisationError, match="does not match the structure"):
+        load_from_bytes(data, moments)  # only at depth 2: not a top-level part
+
+
+def test_a_like_matching_only_part_of_a_subtree_is_still_an_error() -> None:
+    data = save_to_bytes(({"a": jnp.ones(2), "b": jnp.ones(1)}, 1.0))
+    with pytest.raises(
+        fx.SerialisationError, match=r"no leaf for: \[0\]\['a'\], \[0\]\['b'\]"
+    ):
+        load_from_bytes(data, {"a": jnp.zeros(2)})
+    # Two places fit: which one is meant cannot be told.
+    data = save_to_bytes(({"a": jnp.ones(2)}, {"a": jnp.full(2, 2.0)}))
+    with pytest.raises(fx.SerialisationError, match="does not match the structure"):
+        load_from_bytes(data, {"a": jnp.zeros(2)})
+
+
+@pytest.mark.parametrize(
+    "saved, like, expected",
+    [
+        (1, 0.0, 1.0),
+        (2, 0j, 2 + 0j),
+        (2.5, 0j, 2.5 + 0j),
+        (jnp.float32(2.5), 0.0, 2.5),
+        (np.int32(7), 0, 7),
+    ],
+)
+def test_python_scalars_load_what_converts_to_them_exactly(saved, like, expected):
+    loaded = load_from_bytes(save_to_bytes({"x": saved}), {"x": like})["x"]
+    assert type(loaded) is type(like) and loaded == expected
+
+
+@pytest.mark.parametrize("saved", [2.5, 2**60 + 1, True, jnp.array([1.0])])
+def test_python_scalars_refuse_what_would_change_them(saved):
+    like = 0 if isinstance(saved, float) else 0.0
+    if saved is True:
+        like = 0
+    with pytest.raises(fx.SerialisationError, match="but `like` has a Python"):
+        load_from_bytes(save_to_bytes({"x": saved}), {"x": like})
 
 
 @pytest.mark.parametrize(
