@@ -25,6 +25,7 @@ from .._warnings import warn_deprecated
 from ._nondiff import partition_differentiable
 from ._perturbation import (
     LeafInfo,
+    PerturbationError,
     match_perturbation,
     merge_differentiable,
     skeleton,
@@ -67,6 +68,12 @@ def _differentiable_perturbations(
         live[index] if index in live else zero(leaf)
         for index, leaf in enumerate(diff_leaves)
     ]
+
+
+class BackwardRuleError(PerturbationError, RuntimeError):
+    """A `filter_custom_vjp` backward rule returned a cotangent that does not
+    fit `vjp_arg`. A `PerturbationError` (`ValueError`, `TypeError`) as
+    filterax documents, and a `RuntimeError`, as Equinox raises."""
 
 
 class NonFirstArgumentError(RuntimeError, ValueError):
@@ -425,8 +432,8 @@ class filter_custom_vjp:
             differentiable,
             is_leaf=lambda x: x is None,
         )
-        grad_diff = diff_def.unflatten(
-            _differentiable_perturbations(
+        try:
+            perturbations = _differentiable_perturbations(
                 grad,
                 structure,
                 [None] * diff_def.num_leaves,
@@ -438,7 +445,9 @@ class filter_custom_vjp:
                 # zero) at a leaf that is not differentiated.
                 ignore_non_differentiable=True,
             )
-        )
+        except PerturbationError as error:
+            raise BackwardRuleError(*error.args) from None
+        grad_diff = diff_def.unflatten(perturbations)
         return grad_diff, None, None, None
 
     def __call__(self, vjp_arg: Any, /, *args: Any, **kwargs: Any) -> Any:

@@ -13,7 +13,7 @@ from .._module import field
 from ._linear import check_key
 from ._sequential import StatefulLayer
 from ._stateful import State, StateIndex
-from ._weight_norm import _with_weight
+from ._weight_norm import MissingWeightError, _with_weight
 
 __all__ = ["SpectralNorm"]
 
@@ -105,7 +105,7 @@ class SpectralNorm(StatefulLayer, Generic[_Layer]):
     ):
         weight = unfrozen(getattr(layer, weight_name, None))
         if weight is None or not hasattr(weight, "ndim"):
-            raise ValueError(
+            raise MissingWeightError(
                 f"SpectralNorm: the layer {type(layer).__name__} has no array "
                 f"attribute {weight_name!r} to normalise."
             )

@@ -34,6 +34,13 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
+class UnknownIndexError(ValueError, KeyError):
+    """A `StateIndex` that is not part of the `State` asked. A `ValueError`,
+    as filterax documents, and a `KeyError`, as Equinox raises."""
+
+    __str__ = ValueError.__str__  # the message itself, not KeyError's quoted repr
+
+
 class _DeletedInit(Module):
     """Stands in for an index's initial value once `delete_init_state` (or
     `make_with_state`) has moved it into a `State`; it has no leaves."""
@@ -204,7 +211,7 @@ class State:
                 f"{type(index).__name__}."
             )
         if index.marker not in values:
-            raise ValueError(
+            raise UnknownIndexError(
                 f"State.{method}: this StateIndex is not part of this State. A "
                 "State holds the indices of the model it was made from "
                 "(`State(model)` or `make_with_state`); a model whose indices "

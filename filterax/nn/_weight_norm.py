@@ -21,6 +21,12 @@ __all__ = ["WeightNorm"]
 _Layer = TypeVar("_Layer")
 
 
+class MissingWeightError(ValueError, AttributeError):
+    """`WeightNorm` or `SpectralNorm` given a layer without the named weight.
+    A `ValueError`, as filterax documents, and an `AttributeError`, as
+    Equinox raises."""
+
+
 def _with_weight(layer: Any, weight_name: str, weight: Array) -> Any:
     """A copy of `layer` whose field `weight_name` holds `weight`."""
     return tree_at(lambda wrapped: getattr(wrapped, weight_name), layer, weight)
@@ -98,7 +104,7 @@ class WeightNorm(Module, Generic[_Layer]):
         axis: int | None = 0,
     ):
         if not hasattr(layer, weight_name):
-            raise ValueError(
+            raise MissingWeightError(
                 f"WeightNorm: {type(layer).__name__} has no field {weight_name!r}; "
                 "pass weight_name=... naming the weight array to normalise."
             )

@@ -344,3 +344,16 @@ def test_custom_jvp_python_scalars_stay_python_values_under_jit():
     gradient = fx.filter_jit(jax.grad(lambda x: scaled(x, 3.0)))(jnp.array(1.0))
     assert float(gradient) == 3.0
     assert set(seen) == {float}
+
+
+def test_custom_vjp_bwd_of_the_wrong_structure_is_also_a_runtime_error():
+    # Equinox raises RuntimeError here; filterax's error is a ValueError too.
+    @fx.filter_custom_vjp
+    def f(p):
+        return p["w"].sum()
+
+    f.def_fwd(lambda perturbed, p: (f(p), None))
+    f.def_bwd(lambda res, g, perturbed, p: [g * jnp.ones(2)])
+    with pytest.raises(RuntimeError, match=r"grad_vjp_arg") as info:
+        fx.filter_grad(f)({"w": jnp.ones(2)})
+    assert isinstance(info.value, ValueError)

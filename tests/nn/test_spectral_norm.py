@@ -175,6 +175,8 @@ def test_bad_weights():
         fx.nn.SpectralNorm(linear, "bias", key=jax.random.key(1))
     with pytest.raises(ValueError, match="no array attribute 'kernel'"):
         fx.nn.SpectralNorm(linear, "kernel", key=jax.random.key(1))
+    with pytest.raises(AttributeError, match="kernel"):  # as Equinox raises
+        fx.nn.SpectralNorm(linear, "kernel", key=jax.random.key(1))
 
 
 def test_fields_are_equinox_s():

@@ -137,9 +137,12 @@ def test_get_and_set_need_an_index_of_this_state():
     state = fx.nn.State(Counter())
     with pytest.raises(TypeError, match="StateIndex"):
         state.get("counter")  # pyright: ignore[reportArgumentType]
-    with pytest.raises(ValueError, match="not part of this State"):
+    with pytest.raises(ValueError, match="not part of this State") as info:
         state.get(Counter().index)
-    with pytest.raises(ValueError, match="not part of this State"):
+    # A KeyError too, as Equinox raises, showing the message unquoted.
+    assert isinstance(info.value, KeyError)
+    assert str(info.value).startswith("State.get: this StateIndex")
+    with pytest.raises(KeyError, match="not part of this State"):
         state.set(Counter().index, jnp.array(0))
 
 

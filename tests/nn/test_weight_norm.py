@@ -187,6 +187,8 @@ def test_bad_configuration_says_what_was_expected():
     linear = _linear()
     with pytest.raises(ValueError, match="Linear has no field 'kernel'"):
         fx.nn.WeightNorm(linear, weight_name="kernel")
+    with pytest.raises(AttributeError, match="kernel"):  # as Equinox raises
+        fx.nn.WeightNorm(linear, weight_name="kernel")
     with pytest.raises(ValueError, match="must be an array.*got int"):
         fx.nn.WeightNorm(linear, weight_name="in_features")
     with pytest.raises(ValueError, match=r"axis=2.*shape \(3, 4\).*\[-2, 2\)"):
