@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax.extend.core as _jax_core
 from jax._src import tree_util as _jax_tree_util
+from jax.interpreters import ad, batching, mlir
 
 # The start of the warning JAX emits when a donated buffer cannot be reused for
 # an output. Its text is not an API; the filters that silence it match on it.
@@ -86,3 +87,58 @@ def outputs_depending_on_inputs(closed_jaxpr: Any) -> list[bool]:
         if any(isinstance(v, _jax_core.Var) and v in live for v in equation.invars):
             live.update(equation.outvars)
     return [isinstance(v, _jax_core.Var) and v in live for v in jaxpr.outvars]
+
+
+def define_identity_primitive(
+    name: str,
+    *,
+    on_interpret: Callable[[str, dict[str, Any]], None],
+    on_transform: Callable[[str, dict[str, Any]], dict[str, Any]],
+) -> Any:
+    """A primitive that returns its array operands unchanged and reports each
+    way JAX interprets it, for `filterax.debug.announce_transform`.
+
+    `on_interpret(how, params)` is called when the primitive is evaluated
+    (`"impl"`), traced into a jaxpr (`"abstract"`) or lowered (`"mlir"`).
+    `on_transform(which, params)` is called when a transform rewrites it
+    (`"vmap"`, `"jvp_p"` for the primal, `"jvp_t"` for the tangent,
+    `"transpose"`) and returns the parameters of the rewritten binding.
+
+    Uses the rule tables of `jax.interpreters` (`ad`, `batching`, `mlir`),
+    which JAX keeps for primitive authors but does not promise to keep stable.
+    """
+    primitive = _jax_core.Primitive(name)
+    primitive.multiple_results = True
+
+    def impl(*operands: Any, **params: Any) -> list[Any]:
+        on_interpret("impl", params)
+        return list(operands)
+
+    def abstract_eval(*avals: Any, **params: Any) -> list[Any]:
+        on_interpret("abstract", params)
+        return list(avals)
+
+    def lowering(ctx: Any, *operands: Any, **params: Any) -> list[Any]:
+        on_interpret("mlir", params)
+        return list(operands)
+
+    def batch(operands: Any, dims: Any, **params: Any) -> tuple[Any, Any]:
+        return primitive.bind(*operands, **on_transform("vmap", params)), dims
+
+    def jvp(primals: Any, tangents: Any, **params: Any) -> tuple[Any, Any]:
+        primals_out = primitive.bind(*primals, **on_transform("jvp_p", params))
+        tangents = [ad.instantiate_zeros(t) for t in tangents]
+        tangents_out = primitive.bind(*tangents, **on_transform("jvp_t", params))
+        return primals_out, tangents_out
+
+    def transpose(cotangents: Any, *operands: Any, **params: Any) -> list[Any]:
+        cotangents = [ad.instantiate_zeros(c) for c in cotangents]
+        return primitive.bind(*cotangents, **on_transform("transpose", params))
+
+    primitive.def_impl(impl)
+    primitive.def_abstract_eval(abstract_eval)
+    mlir.register_lowering(primitive, lowering)
+    batching.primitive_batchers[primitive] = batch
+    ad.primitive_jvps[primitive] = jvp
+    ad.primitive_transposes[primitive] = transpose
+    return primitive

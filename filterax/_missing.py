@@ -17,10 +17,7 @@ EQUINOX_NAMES: dict[str, dict[str, str]] = {
         "loops are filterax's public `filter_scan`, `filter_while_loop`...",
     },
     "filterax.nn": {},
-    "filterax.debug": {
-        "announce_transform": "not implemented; `jax.debug.print` inside the "
-        "function shows which transforms run",
-    },
+    "filterax.debug": {},
 }
 
 

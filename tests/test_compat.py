@@ -5,6 +5,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 import pytest
 from jax._src import tree_util as jax_tree_util
 
@@ -104,3 +105,30 @@ def test_jax_still_words_its_unusable_donation_warning_as_we_filter_it():
         warnings.simplefilter("error")
         with _compat.donation_warning_ignored():
             jax.jit(lambda x: x.sum() + 1, donate_argnums=0)(jnp.ones(3))
+
+
+def test_an_identity_primitive_gets_every_rule_jax_asks_for():
+    # `announce_transform`'s primitive: each interpretation and transform
+    # reaches the hooks, and values and derivatives are the identity's.
+    seen = []
+
+    def on_interpret(how, params):
+        seen.append((params["stack"], how))
+
+    def on_transform(which, params):
+        return {**params, "stack": (*params["stack"], which)}
+
+    primitive = _compat.define_identity_primitive(
+        "filterax_test_identity", on_interpret=on_interpret, on_transform=on_transform
+    )
+
+    def f(x):
+        (y,) = primitive.bind(x, stack=())
+        return jnp.sin(y).sum()
+
+    x = jnp.arange(3.0)
+    np.testing.assert_allclose(
+        jax.jit(jax.vmap(jax.grad(f)))(x[None]), jnp.cos(x)[None]
+    )
+    assert (("jvp_t", "transpose", "vmap"), "mlir") in seen
+    assert (("jvp_p", "vmap"), "abstract") in seen

@@ -4,19 +4,21 @@
 - `_breakpoint.py`: `breakpoint_if`.
 - `_backward_nan.py`: `backward_nan`.
 - `_dce.py`: `store_dce`, `inspect_dce`.
+- `_announce.py`: `announce_transform`.
 
 Written with the core's public names, imported from the packages that define
 them, not from the root package, which imports this one (so the import graph
 has no circle). Nothing outside `filterax/__init__.py` imports this package.
 
 May import: the core's public names from `_ad`, `_filters`, `_module`,
-`_pretty`, `_missing`; from `_errors` also the helpers that runtime checks share
+`_pretty`, `_missing`, `_compat` (the primitive of `announce_transform`); from `_errors` also the helpers that runtime checks share
 (`any_over_batch`, `own_frames_on_top`); `jax`, NumPy.
 """
 
 from typing import NoReturn as _NoReturn
 
 from .._missing import missing_name_error as _missing_name_error
+from ._announce import announce_transform as announce_transform
 from ._backward_nan import backward_nan as backward_nan
 from ._breakpoint import breakpoint_if as breakpoint_if
 from ._dce import inspect_dce as inspect_dce, store_dce as store_dce
@@ -26,6 +28,7 @@ from ._max_traces import (
 )
 
 __all__ = [
+    "announce_transform",
     "assert_max_traces",
     "backward_nan",
     "breakpoint_if",
