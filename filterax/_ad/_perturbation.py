@@ -235,7 +235,7 @@ def _check_leaf(
             hint = " A real output takes a real cotangent, never a complex one."
         raise PerturbationError(
             f"The {kind} at {at} has shape {tuple(value.shape)} and dtype "
-            f"{value.dtype}; expected shape {info.shape} and dtype {info.dtype}, "
+            f"{value.dtype}; expected shape {info.shape} and dtype {expected}, "
             f"matching the {owner} there.{hint}"
         )
     return value
