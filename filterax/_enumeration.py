@@ -225,6 +225,11 @@ class _EnumerationType(type):
         value = item._value
         if isinstance(value, Tracer):
             return "traced"
+        if not isinstance(value, (np.ndarray, jax.Array)) or not np.issubdtype(
+            value.dtype, np.integer
+        ):
+            # Replaced by a placeholder (`filter_eval_shape`, `partition`).
+            return "unknown"
         indices = np.asarray(value)
         if indices.ndim == 0:
             return cls._messages[int(indices)]
@@ -288,7 +293,8 @@ class Enumeration(metaclass=_EnumerationType):
 
     `RESULTS.success` is a case (an
     [`EnumerationItem`][filterax.EnumerationItem]); `RESULTS[case]` is its
-    message; `case == RESULTS.success` is a boolean array (concrete whenever
+    message (`"traced"` inside a trace, `"unknown"` when its index was
+    replaced, by `filter_eval_shape` or `partition`, say); `case == RESULTS.success` is a boolean array (concrete whenever
     both are known at trace time); `len(RESULTS)` and iteration give the
     cases. Comparing a case with anything other than a case of the same
     enumeration raises `ValueError`. A subclass has the cases of its bases and

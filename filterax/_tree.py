@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -188,6 +189,26 @@ class NotANodeError(ValueError, TypeError):
     and a `TypeError`, as Equinox raises."""
 
 
+@functools.cache
+def _failed_on_placeholders(error_type: type[Exception]) -> type[Exception]:
+    """The error for a `where` that fails only on the placeholder copy: a
+    `ValueError`, and also of the type `where` raised there (an `IndexError`
+    from a list of the leaves that are arrays, say), as Equinox lets that
+    through; a plain `ValueError` for types that cannot be mixed in."""
+    if issubclass(error_type, ValueError):
+        return ValueError
+    try:
+        mixed = type(
+            "WhereFailedError",
+            (ValueError, error_type),
+            {"__str__": ValueError.__str__, "__module__": __name__},
+        )
+        mixed("probe")
+    except TypeError:
+        return ValueError
+    return mixed
+
+
 def _lookup(obj: Any, by_id: dict[int, Any], what: str) -> _Position:
     found = by_id.get(id(obj))
     if found is _AMBIGUOUS:
@@ -223,7 +244,7 @@ def _select(
             if isinstance(error, _PathIndexError):
                 raise error from None
             raise
-        raise ValueError(
+        raise _failed_on_placeholders(type(error))(
             "tree_at: `where` failed on a copy of `pytree` whose leaves were "
             f"replaced by placeholders ({type(error).__name__}: {error}). `where` "
             "must only index into the structure of `pytree` (attributes, items), "

@@ -175,3 +175,11 @@ def test_bad_declarations_are_refused():
         _ = Results.missing
     with pytest.raises(ValueError, match="takes a case of Results"):
         _ = Results[MoreResults.success]
+
+
+def test_a_case_whose_index_was_replaced_prints_as_unknown():
+    abstract = fx.filter_eval_shape(lambda: Results.diverged)
+    assert Results[abstract] == "unknown"
+    assert repr(abstract) == f"{__name__}.Results<unknown>"
+    arrays, _ = fx.partition(Results.diverged, fx.is_inexact_array)
+    assert repr(arrays) == f"{__name__}.Results<unknown>"

@@ -632,3 +632,15 @@ def test_tree_at_errors_keep_the_exception_types_equinox_code_catches():
     with pytest.raises(TypeError, match="not a node of `pytree`") as info:
         fx.tree_at(lambda m: m.size, Layer(jnp.ones(2), 2), 3)
     assert isinstance(info.value, ValueError)
+
+
+def test_a_where_failing_only_on_placeholders_keeps_its_exception_type():
+    # A `where` that filters leaves by value finds none on the placeholder
+    # copy: filterax explains that, with an error that is also an IndexError,
+    # the type Equinox lets through.
+    tree = {"a": jnp.ones(2), "b": jnp.zeros(3)}
+    with pytest.raises(IndexError, match="placeholders") as info:
+        fx.tree_at(
+            lambda t: [x for x in jax.tree.leaves(t) if fx.is_array(x)][1], tree, 1
+        )
+    assert isinstance(info.value, ValueError)

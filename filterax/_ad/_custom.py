@@ -426,11 +426,10 @@ class filter_custom_vjp:
         residuals = combine(residual_arrays, residual_objects)
         grad_obj = _jax_zero_to_none(cotangent[0])
         grad = self.fn_bwd(residuals, grad_obj, perturbed, vjp_arg, *args, **kwargs)
+        # A `None` in `vjp_arg` (an optional argument, a Linear without bias)
+        # is an empty subtree, as in its flags.
         structure = jtu.tree_map(
-            lambda leaf, flag: LeafInfo(leaf, flag),
-            vjp_arg,
-            differentiable,
-            is_leaf=lambda x: x is None,
+            lambda leaf, flag: LeafInfo(leaf, flag), vjp_arg, differentiable
         )
         try:
             perturbations = _differentiable_perturbations(

@@ -12,7 +12,8 @@
 
 May import: `jax`, `_compat` (the only home of JAX internals), `_filters`,
 `_structure`, `_pretty` and `_tree` (printing and equality sit below Modules and
-know nothing about them).
+know nothing about them), `_transformed` (recognising JAX transforms) and
+`_warnings` (deprecations, warnings attributed to the caller).
 """
 
 from ._abstract import AbstractClassVar, AbstractVar

@@ -48,8 +48,9 @@ from typing import Any
 import jax
 
 from .._compat import register_dataclass_node
+from .._filters import is_inexact_array
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
-from .._warnings import GENERATED_FILENAME
+from .._warnings import GENERATED_FILENAME, warn_at_caller
 from ._field import StaticArrayWarning
 
 __all__ = [
@@ -125,6 +126,7 @@ class ClassPlan:
         "field_order",
         "generated_init",
         "meta_fields",
+        "not_init_fields",
         "plain",
         "registered",
         "uses_marker",
@@ -138,6 +140,7 @@ class ClassPlan:
         self.field_names = frozenset(f.name for f in fields)
         self.field_order = tuple(f.name for f in fields)
         self.field_count = len(self.field_names)
+        self.not_init_fields = tuple(f.name for f in fields if not f.init)
         self.converters = tuple(
             (f.name, f.metadata["converter"])
             for f in fields
@@ -214,8 +217,26 @@ class ClassPlan:
             check_static_value(cls, name, values[name])
         if not TRANSFORM_TYPES.isdisjoint(map(type, values.values())):
             warn_if_transformed(instance)
+        for name in self.not_init_fields:
+            if is_inexact_array(values[name]) and (cls, name) not in _warned_not_init:
+                _warned_not_init.add((cls, name))
+                warn_at_caller(
+                    _NOT_INIT_ARRAY.format(cls.__qualname__, name), UserWarning, 2
+                )
         for check in self.check_inits:
             check(instance)
+
+
+# `(class, field)` pairs warned about by `_NOT_INIT_ARRAY` (once each).
+_warned_not_init: set[tuple[type, str]] = set()
+_NOT_INIT_ARRAY = (
+    "{0}.{1} is a `field(init=False)` holding a floating-point array, computed "
+    "in `__init__`/`__post_init__` from other fields. It is a leaf of its own: "
+    "`filter_grad` differentiates with respect to it, not through the fields it "
+    "was computed from, which get no gradient from its uses. Compute it in a "
+    "method or property instead, or mark it `NonDifferentiable` if it is a "
+    "constant. (Equinox warns about this too.)"
+)
 
 
 def _default_maker(f: dataclasses.Field) -> Callable[[], Any]:

@@ -9,8 +9,8 @@ outside `filterax/__init__.py` imports this package.
 May import: the core's public names from `_module`, `_filters`, `_tree`,
 `_pretty`, `_mapping`, `_eval_shape`, `_state`, `_missing`, `_ad`'s
 `unfrozen` (a frozen parameter as the array `lax` needs) and `_compat`'s
-`same_structure` (treedefs compared with their node classes); `jax`,
-`jaxtyping`.
+`same_structure` (treedefs compared with their node classes), `_warnings`
+(deprecations, warnings attributed to the caller); `jax`, `jaxtyping`.
 """
 
 from typing import NoReturn as _NoReturn

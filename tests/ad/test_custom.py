@@ -357,3 +357,34 @@ def test_custom_vjp_bwd_of_the_wrong_structure_is_also_a_runtime_error():
     with pytest.raises(RuntimeError, match=r"grad_vjp_arg") as info:
         fx.filter_grad(f)({"w": jnp.ones(2)})
     assert isinstance(info.value, ValueError)
+
+
+def test_custom_vjp_vjp_arg_may_hold_none():
+    # An optional part of `vjp_arg`, or a layer without bias: `None` is an
+    # empty subtree, and the gradient has `None` there.
+    linear = fx.nn.Linear(2, 2, use_bias=False, key=jax.random.key(0))
+
+    @fx.filter_custom_vjp
+    def apply(model, x):
+        return model(x)
+
+    apply.def_fwd(lambda perturbed, model, x: (model(x), None))
+    apply.def_bwd(
+        lambda res, g, perturbed, model, x: fx.tree_at(
+            lambda m: m.weight, model, jnp.outer(g, x)
+        )
+    )
+    x = jnp.array([1.0, 2.0])
+    grad = fx.filter_grad(lambda m: apply(m, x).sum())(linear)
+    assert grad.bias is None
+    np.testing.assert_array_equal(grad.weight, jnp.outer(jnp.ones(2), x))
+
+    @fx.filter_custom_vjp
+    def scaled(pair, y):
+        return pair[0] * y
+
+    scaled.def_fwd(lambda perturbed, pair, y: (scaled(pair, y), None))
+    scaled.def_bwd(lambda res, g, perturbed, pair, y: (g * y, None))
+    y = jnp.array([1.0, 4.0])
+    gradient = jax.grad(lambda x: scaled((x, None), y).sum())(jnp.ones(2))
+    np.testing.assert_array_equal(gradient, y)

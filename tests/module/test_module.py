@@ -258,6 +258,26 @@ def test_post_init_may_assign_fields():
     assert Derived(3).b == 6
 
 
+def test_an_init_false_field_holding_a_float_array_warns_once():
+    # As Equinox: such a leaf is differentiated itself, not through the
+    # fields it was computed from.
+    class Norm(fx.Module):
+        a: jax.Array
+        length: jax.Array = fx.field(init=False)
+
+        def __post_init__(self):
+            self.length = jnp.abs(self.a)
+
+    with pytest.warns(
+        UserWarning, match=r"Norm.length is a `field\(init=False\)`"
+    ) as caught:
+        Norm(jnp.array(3.0))
+    assert caught[0].filename == __file__  # names the line that built it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Norm(jnp.array(4.0))  # once per class and field
+
+
 def test_defining_setattr_is_refused():
     with pytest.raises(TypeError, match="__setattr__"):
 
