@@ -600,11 +600,16 @@ def _validated_msgs(msgs: Any) -> tuple[str, ...]:
     return tuple(msgs)
 
 
+class UnknownModeError(ValueError, RuntimeError):
+    """An `on_error` that is not a mode. A `ValueError`, as filterax
+    documents, and a `RuntimeError`, as Equinox raises."""
+
+
 def _validated_mode(on_error: str) -> str:
     if on_error == "default":
         return default_on_error()
     if on_error not in _MODES:
-        raise ValueError(
+        raise UnknownModeError(
             f"error_if: on_error={on_error!r} is not one of 'default', "
             f"{', '.join(map(repr, _MODES))}."
         )

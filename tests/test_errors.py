@@ -499,6 +499,8 @@ def test_an_invalid_environment_value_names_the_variable(monkeypatch):
 def test_an_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="on_error='loud'"):
         fx.error_if(jnp.array(1.0), False, "bad", on_error="loud")  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="on_error='loud'"):  # as Equinox
+        fx.error_if(jnp.array(1.0), False, "bad", on_error="loud")  # type: ignore[arg-type]
 
 
 def test_a_non_numeric_predicate_is_rejected():
