@@ -76,16 +76,27 @@ def _read_matching(
     shape: tuple[int, ...],
     for_jax: bool,
 ) -> np.ndarray:
-    """Reads the next record, which must hold `dtype[shape]` data."""
+    """Reads the next record, which must hold `dtype[shape]` data; for a JAX
+    `like` (`for_jax`), data that JAX would convert to `dtype` does too (a
+    NumPy float64 record, or a Python number, with x64 disabled), as
+    Equinox's `jnp.asarray` does."""
     reader = handle.npy_reader
     record = reader.read_record(handle.path, handle.key_path)
-    if record.shape != shape or not _same_element_type(record.dtype, dtype):
-        raise SerialisationError(
-            f"{reader.name}: the NumPy record of leaf {handle.path} holds "
-            f"{record.describe()}, but `like` has {describe_like(like)} there"
-            f"{reader.context}." + leaf_note(handle.key_path, "mismatch")
-        )
-    return _read_values(handle, record, dtype, for_jax)
+    if record.shape == shape and _same_element_type(record.dtype, dtype):
+        return _read_values(handle, record, dtype, for_jax)
+    if (
+        for_jax
+        and record.shape == shape
+        and record.dtype.kind != "V"
+        and jax.dtypes.canonicalize_dtype(record.dtype) == dtype
+    ):
+        native = record.dtype.newbyteorder("=")
+        return _read_values(handle, record, native, for_jax).astype(dtype)
+    raise SerialisationError(
+        f"{reader.name}: the NumPy record of leaf {handle.path} holds "
+        f"{record.describe()}, but `like` has {describe_like(like)} there"
+        f"{reader.context}." + leaf_note(handle.key_path, "mismatch")
+    )
 
 
 def _read_python_scalar(handle: NpyLeafReader, like: Any, kind: str) -> Any:

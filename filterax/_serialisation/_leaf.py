@@ -243,6 +243,39 @@ def _python_scalar(handle: LeafReader, kind: str) -> Any:
     return value
 
 
+def _converted_for_jax(
+    handle: LeafReader, dtype: Any, shape: tuple[int, ...]
+) -> np.ndarray | None:
+    """For a JAX `like` of `dtype[shape]`: the entry's value converted as JAX
+    converts its inputs, when the entry holds what JAX would turn into
+    `dtype` (a NumPy `float64` array or a Python number with x64 disabled,
+    as Equinox's `jnp.asarray` loads them); `None` otherwise (nothing read)."""
+    meta = handle.meta
+    if meta.kind in ARRAY_KINDS and meta.shape == shape:
+        stored = dtype_from_name(meta.dtype)
+        if stored.kind == "V" or jax.dtypes.canonicalize_dtype(stored) != dtype:
+            return None
+        return _read_array(handle, meta.dtype, meta.shape, for_jax=False).astype(dtype)
+    if meta.kind in _PYTHON_SCALAR_DTYPES and shape == ():
+        if jax.dtypes.canonicalize_dtype(_PYTHON_SCALAR_DTYPES[meta.kind]) != dtype:
+            return None
+        value = _python_scalar(handle, meta.kind)
+        try:
+            return np.asarray(value, dtype)
+        except OverflowError:  # an int too large for the dtype
+            return None
+    return None
+
+
+# The NumPy dtype of each kind of Python scalar (before JAX canonicalises it).
+_PYTHON_SCALAR_DTYPES = {
+    "bool": np.dtype(bool),
+    "int": np.dtype(np.int64),
+    "float": np.dtype(np.float64),
+    "complex": np.dtype(np.complex128),
+}
+
+
 # Which stored values a Python scalar of each kind takes, when they convert
 # to it exactly (an `int` saved where `like` now has a `float`, a 0-d array
 # saved where `like` has a Python scalar).
@@ -358,6 +391,11 @@ def _decode_leaf_as(handle: LeafReader, like: Any, mismatch: Any) -> Any:
         data = _read_array(handle, meta.dtype, meta.shape, for_jax=True)
         return restore_keys(data, impl, like)
     if is_array_template(like):
+        if is_jax_template(like) and meta.dtype != dtype_name(np.dtype(like_dtype)):
+            converted = _converted_for_jax(handle, like_dtype, tuple(np.shape(like)))
+            if converted is None:
+                raise mismatch()
+            return finish_array(converted, like)
         if (
             meta.kind not in ARRAY_KINDS
             or meta.dtype != dtype_name(np.dtype(like_dtype))

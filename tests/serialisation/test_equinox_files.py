@@ -205,6 +205,27 @@ def test_a_mismatching_like_names_the_key_path(changes: dict, expected: str) -> 
     assert isinstance(error.value, RuntimeError)  # what Equinox raises
 
 
+def test_records_jax_would_convert_load_into_jax_arrays_as_equinox_loads_them():
+    # Equinox reads with `jnp.asarray`: NumPy's 64-bit records (a Python int
+    # step, float64 statistics) load into 32-bit JAX leaves with x64 disabled.
+    data = npy_records(5, 1.5, np.ones(3), np.int64(7), True)
+    like = [
+        jnp.asarray(0),
+        jnp.asarray(0.0),
+        jnp.zeros(3),
+        jnp.asarray(0),
+        jnp.asarray(False),
+    ]
+    loaded = fx.tree_deserialise_leaves(io.BytesIO(data), like)
+    assert [leaf.dtype for leaf in loaded] == [leaf.dtype for leaf in like]
+    assert [leaf.tolist() for leaf in loaded] == [5, 1.5, [1.0] * 3, 7, True]
+    # Into NumPy leaves, dtypes still match exactly.
+    with pytest.raises(fx.SerialisationError, match="holds a float64"):
+        fx.tree_deserialise_leaves(
+            io.BytesIO(npy_records(np.ones(3))), np.zeros(3, np.float32)
+        )
+
+
 def test_a_key_of_another_implementation_is_a_clear_error() -> None:
     like = {**keys_like(), "one": jax.random.key(0, impl="rbg")}
     with pytest.raises(

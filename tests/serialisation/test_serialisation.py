@@ -575,6 +575,28 @@ def test_a_like_matching_only_part_of_a_subtree_is_still_an_error() -> None:
         load_from_bytes(data, {"a": jnp.zeros(2)})
 
 
+def test_values_jax_would_convert_load_into_jax_arrays():
+    # A Python int step, a float, NumPy float64 statistics, resumed into the
+    # 32-bit JAX leaves they become under JAX with x64 disabled.
+    saved = {"step": 5, "rate": 1.5, "stats": np.ones(3), "n": np.int64(7)}
+    like = {
+        "step": jnp.asarray(0),
+        "rate": jnp.asarray(0.0),
+        "stats": jnp.zeros(3),
+        "n": jnp.asarray(0),
+    }
+    loaded = load_from_bytes(save_to_bytes(saved), like)
+    for name in saved:
+        assert loaded[name].dtype == like[name].dtype
+        np.testing.assert_array_equal(loaded[name], saved[name])
+    with pytest.raises(fx.SerialisationError, match="holds a Python int"):
+        load_from_bytes(save_to_bytes({"x": 2**40}), {"x": jnp.asarray(0)})
+    with pytest.raises(fx.SerialisationError, match="holds a float64"):
+        load_from_bytes(
+            save_to_bytes({"x": np.ones(2)}), {"x": np.zeros(2, np.float32)}
+        )
+
+
 @pytest.mark.parametrize(
     "saved, like, expected",
     [
