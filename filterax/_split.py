@@ -234,7 +234,12 @@ class StaticPart:
         structure rebuilt from an output) then compare by identity."""
         # Keyed by the contents, not the part: the key is held strongly.
         contents = (self.treedef, self.mask, self.static, tuple(map(type, self.static)))
-        canonical = _INTERNED.get(contents)
+        try:
+            canonical = _INTERNED.get(contents)
+        except (TypeError, ValueError):
+            # Static values that cannot be compared (an array in a static
+            # field, which warned when the Module was built): not interned.
+            return self
         if canonical is None:
             _INTERNED[contents] = canonical = self
         return canonical
@@ -270,14 +275,19 @@ class StaticPart:
     def __eq__(self, other: object) -> bool:
         if other is self:
             return True
-        return (
-            other.__class__ is StaticPart
-            and hash(self) == hash(other)
-            and self.mask == other.mask  # type: ignore[attr-defined]
-            and self.static == other.static  # type: ignore[attr-defined]
-            and tuple(map(type, self.static)) == tuple(map(type, other.static))  # type: ignore[attr-defined]
-            and self.treedef == other.treedef  # type: ignore[attr-defined]
-        )
+        try:
+            return (
+                other.__class__ is StaticPart
+                and hash(self) == hash(other)
+                and self.mask == other.mask  # type: ignore[attr-defined]
+                and self.static == other.static  # type: ignore[attr-defined]
+                and tuple(map(type, self.static)) == tuple(map(type, other.static))  # type: ignore[attr-defined]
+                and self.treedef == other.treedef  # type: ignore[attr-defined]
+            )
+        except (TypeError, ValueError):
+            # Static values without a plain `==` (an array in a static field,
+            # which warned when its Module was built): told apart.
+            return False
 
     def __repr__(self) -> str:
         return f"StaticPart({self.treedef}, static={self.static!r})"

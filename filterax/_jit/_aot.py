@@ -26,6 +26,12 @@ from ._outputs import MixedOutput
 __all__ = ["CallPlan", "CompiledCall", "Lowered"]
 
 
+class CompiledArgumentsError(ValueError, TypeError):
+    """A compiled function called with other arguments than it was lowered
+    for. A `ValueError`, as filterax documents, and a `TypeError`, as Equinox
+    (and JAX's own compiled functions) raise."""
+
+
 class CallPlan:
     """What a lowered call fixed: the static key, the arrays inside the
     function, how many argument arrays are kept (not donated), and how the
@@ -75,7 +81,7 @@ class CallPlan:
         if not same or _signature(dynamic) != self.signature:
             called = shape_signature((args, kwargs))
             listing = differences_text(self.example, called, "(args, kwargs)")
-            raise ValueError(
+            raise CompiledArgumentsError(
                 "filter_jit: a compiled function was called with arguments that "
                 f"differ from the ones it was lowered for ({listing or 'they differ'}"
                 "). Call it with the same structure, non-array values, shapes and "

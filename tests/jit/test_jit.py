@@ -1156,3 +1156,23 @@ def test_a_jax_transform_of_a_module_warns_that_its_arrays_are_constants():
         fx.filter_jit(jax.vmap(lambda x: x))
         fx.filter_jit(fx.filter_vmap(model))
         fx.filter_jit(jax.vmap(fx.nn.Identity()))  # no arrays to hide
+
+
+@pytest.mark.filterwarnings("ignore:A JAX array is being set as static")
+def test_a_static_array_field_does_not_break_later_calls_on_its_class():
+    # Its static part cannot be compared with `==`: such parts are told
+    # apart rather than raising, here and in JAX's cache.
+    class Config(fx.Module):
+        weight: jax.Array
+        setting: Any = fx.field(static=True)
+
+    results = []
+    for setting in (jnp.ones(2), (1, 2), (1, 2)):
+
+        @fx.filter_jit
+        def double(module):
+            return module.weight * 2
+
+        results.append(double(Config(jnp.ones(2), setting)))
+    for result in results:
+        np.testing.assert_array_equal(result, jnp.full(2, 2.0))

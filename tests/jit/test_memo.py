@@ -282,3 +282,5 @@ def test_aot_compiled_calls_check_the_description() -> None:
     np.testing.assert_allclose(compiled(net, jnp.ones(3)), reference(net, jnp.ones(3)))
     with pytest.raises(ValueError, match="differ from the ones it was lowered"):
         compiled(make_net(depth=3), jnp.ones(3))
+    with pytest.raises(TypeError, match="differ from the ones it was lowered"):
+        compiled(net, jnp.ones(4))  # a TypeError too, as Equinox raises
