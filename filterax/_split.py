@@ -407,9 +407,12 @@ def split_leaves(
     leaves: Sequence[Any], treedef: PyTreeDef, mask: bytes
 ) -> tuple[list[Any], StaticPart]:
     """`split`, for leaves already flattened and classified: `mask` (or a kinds
-    mask from `leaf_kinds`) is non-zero where a leaf is dynamic."""
+    mask from `leaf_kinds`) is non-zero where a leaf is dynamic. Tracers and
+    concrete arrays give the same `StaticPart`: a call under `grad` or
+    `vmap` finds the compilation of the same call made outside."""
     static = tuple(compress(leaves, mask.translate(STATIC_MASK)))
-    return list(compress(leaves, mask)), StaticPart(treedef, mask, static)
+    concrete = mask.translate(_CONCRETE)
+    return list(compress(leaves, mask)), StaticPart(treedef, concrete, static)
 
 
 # --- Refs in outputs ----------------------------------------------------------------

@@ -2,10 +2,11 @@
 
 A call is described argument by argument, as a flat list of *tokens*:
 
-- a leaf: a dynamic marker (`ARRAY_TOKEN`, `TRACER_TOKEN`) with the leaf
-  itself among the dynamic leaves, or its type and value when static (so that
-  `1`, `1.0` and `True` are told apart, as `jax.jit` does for static
-  arguments);
+- a leaf: the dynamic marker `ARRAY_TOKEN` with the leaf itself among the
+  dynamic leaves (a concrete array and a tracer alike, so that a call under
+  `grad` or `vmap` shares the compilation of the same call made outside), or
+  its type and value when static (so that `1`, `1.0` and `True` are told
+  apart, as `jax.jit` does for static arguments);
 - a tuple or namedtuple: its type and length, then its items (walked, not
   flattened, since a tuple is immutable and usually holds few items);
 - `None`: `None`;
@@ -68,8 +69,7 @@ class _Token:
 
 
 ARRAY_TOKEN = _Token("ARRAY_TOKEN")
-TRACER_TOKEN = _Token("TRACER_TOKEN")
-_DYNAMIC_TOKENS = {ARRAY: ARRAY_TOKEN, TRACER: TRACER_TOKEN}
+_DYNAMIC_TOKENS = {ARRAY: ARRAY_TOKEN, TRACER: ARRAY_TOKEN}
 
 # Tuple types walked item by item: `tuple` and the namedtuple classes JAX
 # flattens into their items (a namedtuple registered as a custom node is not).
@@ -266,7 +266,7 @@ class _Reader:
         token = self._next_token()
         if token is None:
             return None
-        if token is ARRAY_TOKEN or token is TRACER_TOKEN:
+        if token is ARRAY_TOKEN:
             return self._next_leaves(1)[0]
         if token.__class__ is StaticPart:
             return token.merge(self._next_leaves(token.num_dynamic))

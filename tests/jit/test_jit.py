@@ -1176,3 +1176,29 @@ def test_a_static_array_field_does_not_break_later_calls_on_its_class():
         results.append(double(Config(jnp.ones(2), setting)))
     for result in results:
         np.testing.assert_array_equal(result, jnp.full(2, 2.0))
+
+
+def test_a_module_argument_traces_once_outside_and_under_grad_and_vmap():
+    # Tracers and concrete arrays describe a call alike: `jax.jit`'s cache
+    # (and its own rules for the outer transform) serve the call under `grad`
+    # or `vmap` from the one trace, as in Equinox.
+    traces = []
+
+    class Scale(fx.Module):
+        weight: jax.Array
+
+    @fx.filter_jit
+    def apply(module, x):
+        traces.append(None)
+        return module.weight * x
+
+    module, x = Scale(jnp.ones(3)), jnp.arange(3.0)
+    apply(module, x)
+    np.testing.assert_array_equal(
+        jax.grad(lambda x: apply(module, x).sum())(x), jnp.ones(3)
+    )
+    gradient = jax.grad(lambda w: apply(Scale(w), x).sum())(jnp.ones(3))
+    np.testing.assert_array_equal(gradient, x)
+    assert len(traces) == 1
+    jax.vmap(lambda w: apply(Scale(w), x))(jnp.ones((2, 3)))
+    assert len(traces) == 1
