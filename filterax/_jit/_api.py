@@ -55,6 +55,16 @@ def holds_module(values: tuple) -> bool:
     return False
 
 
+# What a wrapper copies from the function it wraps, as `functools.wraps` does.
+_COPIED_ATTRIBUTES = (
+    "__module__",
+    "__name__",
+    "__qualname__",
+    "__doc__",
+    "__annotations__",
+)
+
+
 class JitWrapper:
     """What `filter_jit` returns (for `donate="none"` and `"warn"`; subclasses
     handle the other modes).
@@ -78,7 +88,7 @@ class JitWrapper:
         self.donates = mode.donates
         self.compiled, self.fun_dynamic = compiled_for(fun, mode, known)
         self.__wrapped__ = fun
-        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+        for attribute in _COPIED_ATTRIBUTES:
             value = getattr(fun, attribute, _ABSENT)
             if value is not _ABSENT:
                 setattr(self, attribute, value)

@@ -683,7 +683,11 @@ def wrap_custom_init(
         + "\n return __init__\n"
     )
     namespace: dict[str, Any] = {}
-    exec(compile(source, GENERATED_FILENAME, "exec"), {}, namespace)  # noqa: S102
+    # Executed with the user's `__init__`'s globals: jaxtyping resolves the
+    # string annotations the wrapper copies (`from __future__ import
+    # annotations`) against them.
+    user_globals = getattr(inspect.unwrap(user_init), "__globals__", {})
+    exec(compile(source, GENERATED_FILENAME, "exec"), user_globals, namespace)  # noqa: S102
     init = namespace["_build"](**closure)
     init.__kwdefaults__ = dict.fromkeys(caught, _UNSET)
     functools.update_wrapper(init, user_init)

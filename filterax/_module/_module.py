@@ -322,6 +322,18 @@ _MODULE_TYPES.append(Module)
 _BOUND_METHOD_TYPES.append(BoundMethod)
 
 
+def bind_method(func: Callable[..., Any], instance: Any) -> BoundMethod:
+    """`BoundMethod(func, instance)`, showing the function's docstring and
+    annotations as a bound method does (for `help`, `typing.get_type_hints`,
+    beartype). They are instance attributes: `BoundMethod`'s own, as a class,
+    document the class and declare its fields."""
+    bound = BoundMethod(func, instance)
+    values = vars(bound)
+    values["__doc__"] = getattr(func, "__doc__", None)
+    values["__annotations__"] = getattr(func, "__annotations__", {})
+    return bound
+
+
 class MethodDescriptor:
     """Class-level stand-in for a plain method: instance access binds it into a
     `BoundMethod`; class access gives back the function itself."""
@@ -339,7 +351,7 @@ class MethodDescriptor:
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
             return self.__func__
-        return BoundMethod(self.__func__, instance)
+        return bind_method(self.__func__, instance)
 
     @property
     def __isabstractmethod__(self) -> bool:
@@ -358,7 +370,7 @@ class _CallableMethodDescriptor(MethodDescriptor):
             and type(bound) is types.MethodType
             and bound.__self__ is instance
         ):
-            return BoundMethod(bound.__func__, instance)
+            return bind_method(bound.__func__, instance)
         return bound
 
 

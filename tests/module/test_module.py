@@ -8,6 +8,7 @@ import gc
 import inspect
 import pickle
 import threading
+import typing
 import warnings
 import weakref
 from typing import ClassVar
@@ -487,6 +488,27 @@ def test_bound_method_is_a_pytree_over_the_module():
     np.testing.assert_allclose(rebuilt(jnp.ones(3), 1.0), 2 * model(jnp.ones(3)))
 
 
+def test_bound_method_shows_the_functions_doc_and_annotations():
+    # As a bound method does: `help`, `typing.get_type_hints` and beartype
+    # read them; a `filter_jit` of it copies them too.
+    class Counter(fx.Module):
+        start: int
+
+        def add(self, x: int) -> int:
+            """Adds `x` to the start."""
+            return self.start + x
+
+    bound = Counter(1).add
+    assert bound.__doc__ == "Adds `x` to the start."
+    assert typing.get_type_hints(bound) == {"x": int, "return": int}
+    assert typing.get_type_hints(fx.filter_jit(bound)) == {"x": int, "return": int}
+    assert fx.filter_jit(bound).__doc__ == "Adds `x` to the start."
+    with pytest.raises(beartype.roar.BeartypeCallHintParamViolation):
+        beartype.beartype(bound)("not an int")  # type: ignore[arg-type]
+    # The class keeps its own docstring.
+    assert fx.BoundMethod.__doc__.startswith("A method bound to a Module instance")
+
+
 def test_bound_method_under_jax_jit_traces_module_arrays():
     model = make_linear()
     traces = []
@@ -656,6 +678,23 @@ def test_jaxtyped_module_still_unflattens_with_arbitrary_leaves():
 
     model = Typed(jnp.ones(2))
     assert jtu.tree_map(lambda _: None, model).weight is None
+
+
+def test_jaxtyped_custom_init_checks_its_string_annotated_arguments():
+    # This file has `from __future__ import annotations`: the annotations of
+    # a custom `__init__` are strings, resolved in this module's globals.
+    @jaxtyping.jaxtyped(typechecker=beartype.beartype)
+    class Scaled(fx.Module):
+        weight: Float[Array, " n"]
+
+        def __init__(self, weight: Float[Array, " n"], scale: float):
+            self.weight = weight.reshape(-1) * scale
+
+    Scaled(jnp.ones(2), 2.0)
+    with pytest.raises(jaxtyping.TypeCheckError):
+        Scaled(jnp.ones((2, 2), int), 1.0)
+    with pytest.raises(jaxtyping.TypeCheckError):
+        Scaled(jnp.ones(2), "2")  # type: ignore[arg-type]
 
 
 # --- resources and threads ----------------------------------------------------------------
