@@ -309,6 +309,11 @@ class BoundMethod(Module):
     def __wrapped__(self) -> Callable[..., Any]:
         return types.MethodType(self.__func__, self.__self__)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Bound again when unpickled: the function's docstring and annotations
+        # are not pickled with it (annotations may be unpicklable types).
+        return bind_method, (self.__func__, self.__self__)
+
     def __getattr__(self, name: str) -> Any:
         # `__name__`, `__qualname__` and `__doc__`-like metadata of the function.
         if name in ("__name__", "__qualname__", "__annotations__"):

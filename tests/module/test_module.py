@@ -650,6 +650,15 @@ def test_pickle_round_trip():
     assert type(restored) is class_ and restored == model
 
 
+def test_a_bound_method_pickles_as_its_function_and_instance():
+    model = make_linear()
+    restored = pickle.loads(pickle.dumps(model.scaled))
+    assert type(restored) is fx.BoundMethod and restored.__self__ == model
+    np.testing.assert_allclose(
+        restored(jnp.ones(3), 2.0), model.scaled(jnp.ones(3), 2.0)
+    )
+
+
 def test_dataclasses_replace_builds_a_modified_copy():
     model = make_linear()
     replaced = dataclasses.replace(model, bias=jnp.zeros(2))
