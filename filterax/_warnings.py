@@ -59,8 +59,11 @@ def warn_at_caller(message: str, category: type[Warning], stacklevel: int) -> No
     caller of this function, except that frames of filterax's generated code
     (between a layer's `__init__` and the user's call) are not counted."""
     target = stacklevel  # the frame `warnings.warn` would name, seen from here
-    frame = sys._getframe(target)
-    while frame.f_back is not None and frame.f_code.co_filename == GENERATED_FILENAME:
+    try:
+        frame = sys._getframe(target)
+    except ValueError:  # a shallower stack: `warnings.warn` copes
+        frame = None
+    while frame is not None and frame.f_code.co_filename == GENERATED_FILENAME:
         frame, target = frame.f_back, target + 1
     warnings.warn(message, category, stacklevel=target + 1)
 

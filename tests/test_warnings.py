@@ -61,3 +61,10 @@ def test_tree_inference_does_not_warn():
         model = fx.tree_inference(fx.nn.Dropout(0.5), True)
     assert model.inference is True
     assert model == fx.nn.inference_mode(fx.nn.Dropout(0.5), True)
+
+
+def test_a_stacklevel_past_the_top_of_the_stack_still_warns():
+    from filterax._warnings import warn_at_caller
+
+    with pytest.warns(UserWarning, match="past the top"):
+        warn_at_caller("past the top", UserWarning, 10_000)
