@@ -255,9 +255,10 @@ def _subtree_at(stored: list[str], wanted: list[str]) -> tuple[int, str] | None:
 def _load_filterax(source: Source, entries: list[_Leaf]) -> list[Any]:
     reader = FormatReader(source)
     stored = reader.read_header()
+    wanted = [entry.path for entry in entries]
     prefix, start = "", 0
-    if stored != [entry.path for entry in entries]:
-        subtree = _subtree_at(stored, [entry.path for entry in entries])
+    if stored != wanted:
+        subtree = _subtree_at(stored, wanted)
         if subtree is None:
             _check_paths(source.name, stored, entries)
         else:
