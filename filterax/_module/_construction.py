@@ -48,7 +48,7 @@ from typing import Any
 import jax
 
 from .._compat import register_dataclass_node
-from .._filters import is_inexact_array
+from .._filters import is_array, is_inexact_array
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
 from .._warnings import GENERATED_FILENAME, warn_at_caller
 from ._field import StaticArrayWarning
@@ -291,35 +291,27 @@ def unpickle(cls: type, state: dict[str, Any]) -> Any:
 
 
 def check_static_value(cls: type, name: str, value: Any) -> None:
-    """A static field's value must be hashable: it is part of the treedef and of
-    every compilation cache key. JAX arrays (unhashable) only warn, as in
-    Equinox; anything else unhashable is refused."""
+    """Warns once per class field about a JAX or NumPy array in a static
+    field (the contract; Equinox warns about JAX arrays). Other unhashable values (a list, a dict) are accepted, as in
+    Equinox: JAX compares static values with `==`."""
     try:
         hash(value)
         return
-    except TypeError as error:
-        reason = error
-    if any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(value)):
+    except TypeError:
+        pass
+    if any(map(is_array, jax.tree_util.tree_leaves(value))):
         if (cls, name) not in _warned_static_arrays:
             _warned_static_arrays.add((cls, name))
             warnings.warn(
                 f"A JAX array is being set as static! ({cls.__qualname__}.{name}) "
-                "Static fields are compile-time constants hashed on every "
-                "transform call, and JAX arrays are not hashable; store arrays in "
+                "Static fields are compile-time constants compared on every "
+                "transform call, and arrays are not hashable; store arrays in "
                 "ordinary fields, or wrap them in filterax.NonDifferentiable to "
                 "exclude them from gradients.",
                 StaticArrayWarning,
                 stacklevel=4,
             )
         return
-    raise TypeError(
-        f"{cls.__qualname__}.{name} is a static field, so its value must be "
-        f"hashable, but it is an unhashable {type(value).__name__} ({reason}). A "
-        "static value is a compile-time constant: mutating it later would leave "
-        "compiled functions stale. Use an immutable value (a tuple instead of a "
-        "list, a frozenset or tuple of pairs instead of a dict), or make the "
-        "field non-static."
-    )
 
 
 # Types whose instances are always hashable: a static value of one of these

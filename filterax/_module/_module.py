@@ -168,7 +168,23 @@ class _ModuleMeta(abc.ABCMeta):
             value = guard_replaced_init(cls, value)
         elif _binds_like_a_method(name, value):
             value = method_descriptor(value)  # a method attached to the class later
+        else:
+            value = rebound_method(cls.__dict__.get(name), value)
         super().__setattr__(name, value)
+
+
+def rebound_method(current: Any, value: Any) -> Any:
+    """`value`, about to replace class attribute `current`; but when `current`
+    is a `MethodDescriptor` and `value` a plain `staticmethod` of a wrapper of
+    its function (what beartype's class decorator sets back), a
+    `MethodDescriptor` of that wrapper, so that the method still binds."""
+    if (
+        type(value) is staticmethod
+        and isinstance(current, MethodDescriptor)
+        and getattr(value.__func__, "__wrapped__", None) is current.__func__
+    ):
+        return method_descriptor(value.__func__)
+    return value
 
 
 def _binds_like_a_method(name: str, value: Any) -> bool:
@@ -339,28 +355,23 @@ def bind_method(func: Callable[..., Any], instance: Any) -> BoundMethod:
     return bound
 
 
-class MethodDescriptor:
+class MethodDescriptor(staticmethod):
     """Class-level stand-in for a plain method: instance access binds it into a
-    `BoundMethod`; class access gives back the function itself."""
+    `BoundMethod`; class access gives back the function itself.
 
-    def __init__(self, func: Callable[..., Any]):
-        self.__func__ = func
-        # Instance attributes, so that `doctest`, `inspect` and documentation
-        # tools see the function's identity rather than this class's.
-        for attribute in ("__module__", "__doc__", "__name__", "__qualname__"):
-            value = getattr(func, attribute, None)
-            if value is not None:
-                setattr(self, attribute, value)
-        self.__wrapped__ = func
+    A `staticmethod` subclass, so that decorators that walk a class's
+    `__dict__` wrapping its methods (beartype's class decorator,
+    `beartype.claw`) reach the function: they set back a plain `staticmethod`
+    of the wrapped function, which the metaclass turns into a
+    `MethodDescriptor` again (see `rebound_method`). `staticmethod` also
+    copies the function's name, docstring and annotations onto it, for
+    `doctest`, `inspect` and documentation tools.
+    """
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
             return self.__func__
         return bind_method(self.__func__, instance)
-
-    @property
-    def __isabstractmethod__(self) -> bool:
-        return getattr(self.__func__, "__isabstractmethod__", False)
 
 
 class _CallableMethodDescriptor(MethodDescriptor):

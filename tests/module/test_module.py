@@ -303,6 +303,14 @@ def test_static_field_lives_in_the_treedef():
     assert jtu.tree_unflatten(treedef, leaves).name == "layer"
 
 
+def test_numpy_array_in_static_field_warns_too():
+    class ArrayStatic(fx.Module):
+        table: object = fx.field(static=True)
+
+    with pytest.warns(fx.StaticArrayWarning, match="ArrayStatic.table"):
+        ArrayStatic(np.ones(2))
+
+
 def test_jax_array_in_static_field_warns_once():
     class ArrayStatic(fx.Module):
         table: object = fx.field(static=True)
@@ -314,26 +322,41 @@ def test_jax_array_in_static_field_warns_once():
         ArrayStatic(jnp.ones(3))
 
 
-@pytest.mark.parametrize("value", [[1, 2], {"a": 1}, np.ones(2)])
-def test_unhashable_static_value_is_refused_naming_the_field(value):
+@pytest.mark.parametrize("value", [[1, 2], {"a": 1}])
+def test_unhashable_static_values_are_accepted_as_in_equinox(value):
+    # JAX compares static values with `==`: a list or dict works under
+    # `filter_jit`, `jax.jit` and `tree_equal`, and equal values share a trace.
     class Config(fx.Module):
+        weight: jax.Array
         options: object = fx.field(static=True)
 
-    with pytest.raises(
-        TypeError, match=r"Config\.options is a static field.*unhashable"
-    ):
-        Config(value)
+    traces = []
+
+    @fx.filter_jit
+    def double(config):
+        traces.append(config.options)
+        return config.weight * 2
+
+    config = Config(jnp.ones(2), value)
+    np.testing.assert_array_equal(double(config), jnp.full(2, 2.0))
+    np.testing.assert_array_equal(double(Config(jnp.ones(2), value)), jnp.full(2, 2.0))
+    np.testing.assert_array_equal(jax.jit(lambda c: c.weight)(config), jnp.ones(2))
+    assert fx.tree_equal(config, Config(jnp.ones(2), value))
+    assert len(traces) == 1
+    other = [*value, 3] if isinstance(value, list) else {**value, "b": 2}
+    double(Config(jnp.ones(2), other))  # another value: another trace
+    assert traces == [value, other]
 
 
-def test_unhashable_static_value_set_by_a_custom_init_is_refused():
+def test_unhashable_static_value_set_by_a_custom_init_is_accepted():
     class Config(fx.Module):
         options: object = fx.field(static=True)
 
         def __init__(self):
             self.options = ["a"]
 
-    with pytest.raises(TypeError, match="Config.options is a static field"):
-        Config()
+    assert Config().options == ["a"]
+    assert jax.tree.leaves(Config()) == []
 
 
 def test_converter_runs_in_generated_init():
