@@ -202,7 +202,9 @@ def _binds_like_a_method(name: str, value: Any) -> bool:
         callable(value)
         and hasattr(kind, "__get__")
         and not hasattr(kind, "__set__")  # a data descriptor manages itself
-        and not isinstance(value, (staticmethod, classmethod, MethodDescriptor))
+        and not isinstance(
+            value, (staticmethod, classmethod, _CallableMethodDescriptor)
+        )
         and jtu.treedef_is_leaf(
             jtu.tree_structure(value, is_leaf=lambda x: x is not value)
         )
@@ -374,10 +376,24 @@ class MethodDescriptor(staticmethod):
         return bind_method(self.__func__, instance)
 
 
-class _CallableMethodDescriptor(MethodDescriptor):
-    """`MethodDescriptor` for a callable that is not a plain function but binds
-    like one (`jax.jit` of a method, say): its own binding decides, and a
-    method bound to the instance becomes a `BoundMethod`."""
+class _CallableMethodDescriptor:
+    """The stand-in for a callable that is not a plain function but binds like
+    one (`jax.jit` of a method, say): its own binding decides, and a method
+    bound to the instance becomes a `BoundMethod`. Not a `staticmethod`, so
+    that beartype's class decorator leaves it alone, as it leaves the callable
+    itself in a plain class."""
+
+    def __init__(self, func: Callable[..., Any]):
+        self.__func__ = func
+        for attribute in ("__module__", "__doc__", "__name__", "__qualname__"):
+            value = getattr(func, attribute, None)
+            if value is not None:
+                setattr(self, attribute, value)
+        self.__wrapped__ = func
+
+    @property
+    def __isabstractmethod__(self) -> bool:
+        return getattr(self.__func__, "__isabstractmethod__", False)
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         bound = self.__func__.__get__(instance, owner)  # type: ignore[attr-defined]
@@ -390,7 +406,9 @@ class _CallableMethodDescriptor(MethodDescriptor):
         return bound
 
 
-def method_descriptor(value: Callable[..., Any]) -> MethodDescriptor:
+def method_descriptor(
+    value: Callable[..., Any],
+) -> MethodDescriptor | _CallableMethodDescriptor:
     """The class-level stand-in for a method (see `_binds_like_a_method`)."""
     if isinstance(value, types.FunctionType):
         return MethodDescriptor(value)

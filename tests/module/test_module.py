@@ -532,6 +532,33 @@ def test_bound_method_shows_the_functions_doc_and_annotations():
     assert fx.BoundMethod.__doc__.startswith("A method bound to a Module instance")
 
 
+def test_beartype_class_decorator_checks_methods_that_still_bind():
+    @beartype.beartype
+    class Counter(fx.Module):
+        start: int
+
+        def add(self, x: int) -> int:
+            return self.start + x
+
+        def broken(self) -> int:
+            return "not an int"  # type: ignore[return-value]
+
+        @jax.jit
+        def jitted(self, x):  # left alone by beartype, as in a plain class
+            return self.start * x
+
+    counter = Counter(1)
+    assert counter.add(2) == 3
+    assert isinstance(counter.add, fx.BoundMethod)
+    assert jax.tree.leaves(counter.add) == [1]
+    with pytest.raises(beartype.roar.BeartypeCallHintParamViolation):
+        counter.add("2")  # type: ignore[arg-type]
+    with pytest.raises(beartype.roar.BeartypeCallHintReturnViolation):
+        counter.broken()
+    assert counter.jitted(2.0) == 2.0
+    assert isinstance(counter.jitted, fx.BoundMethod)
+
+
 def test_bound_method_under_jax_jit_traces_module_arrays():
     model = make_linear()
     traces = []
