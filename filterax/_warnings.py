@@ -39,13 +39,13 @@ class FilteraxDeprecationWarning(FutureWarning, UserWarning):
     ```python
     >>> import warnings
     >>> import filterax as fx
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     _ = fx.static_field(default=3)
-    >>> caught[0].category is fx.FilteraxDeprecationWarning
-    True
-    >>> issubclass(fx.FilteraxDeprecationWarning, (FutureWarning, UserWarning))
-    True
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("error", UserWarning)  # as for Equinox code
+    ...     try:
+    ...         fx.nn.LayerNorm(3, elementwise_affine=False)
+    ...     except fx.FilteraxDeprecationWarning as warning:
+    ...         print(isinstance(warning, FutureWarning), "use_weight" in str(warning))
+    True True
 
     ```
     """

@@ -48,6 +48,14 @@ def is_key_dtype(dtype: Any) -> bool:
     return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
 
 
+def jax_converts(stored: np.dtype, wanted: Any) -> bool:
+    """Whether JAX turns values of NumPy dtype `stored` into `wanted` (its
+    canonical dtype: `float64` into `float32` with x64 disabled), so that a
+    JAX leaf of dtype `wanted` may load them, as Equinox's `jnp.asarray`
+    does. Raw-byte dtypes (`V`) never convert."""
+    return stored.kind != "V" and jax.dtypes.canonicalize_dtype(stored) == wanted
+
+
 def python_scalar_kind(leaf: Any) -> str | None:
     # `np.float64` subclasses `float`, so NumPy scalars are ruled out first.
     if isinstance(leaf, np.generic):

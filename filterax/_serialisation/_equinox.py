@@ -25,6 +25,7 @@ from ._arrays import (
     is_array_template,
     is_jax_template,
     is_key_dtype,
+    jax_converts,
     key_impl_of,
     key_layout,
     python_scalar_kind,
@@ -84,12 +85,7 @@ def _read_matching(
     record = reader.read_record(handle.path, handle.key_path)
     if record.shape == shape and _same_element_type(record.dtype, dtype):
         return _read_values(handle, record, dtype, for_jax)
-    if (
-        for_jax
-        and record.shape == shape
-        and record.dtype.kind != "V"
-        and jax.dtypes.canonicalize_dtype(record.dtype) == dtype
-    ):
+    if for_jax and record.shape == shape and jax_converts(record.dtype, dtype):
         native = record.dtype.newbyteorder("=")
         return _read_values(handle, record, native, for_jax).astype(dtype)
     raise SerialisationError(

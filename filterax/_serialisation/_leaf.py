@@ -23,6 +23,7 @@ from ._arrays import (
     is_array_template,
     is_jax_template,
     is_key_dtype,
+    jax_converts,
     key_layout,
     python_scalar_kind,
     restore_keys,
@@ -252,12 +253,11 @@ def _converted_for_jax(
     as Equinox's `jnp.asarray` loads them); `None` otherwise (nothing read)."""
     meta = handle.meta
     if meta.kind in ARRAY_KINDS and meta.shape == shape:
-        stored = dtype_from_name(meta.dtype)
-        if stored.kind == "V" or jax.dtypes.canonicalize_dtype(stored) != dtype:
+        if not jax_converts(dtype_from_name(meta.dtype), dtype):
             return None
         return _read_array(handle, meta.dtype, meta.shape, for_jax=False).astype(dtype)
     if meta.kind in _PYTHON_SCALAR_DTYPES and shape == ():
-        if jax.dtypes.canonicalize_dtype(_PYTHON_SCALAR_DTYPES[meta.kind]) != dtype:
+        if not jax_converts(_PYTHON_SCALAR_DTYPES[meta.kind], dtype):
             return None
         value = _python_scalar(handle, meta.kind)
         try:
@@ -316,7 +316,7 @@ def entry_as_npy(handle: LeafReader) -> bytes:
     value: Any
     if meta.kind in ARRAY_KINDS or meta.kind == "key_array":
         value = _read_array(handle, meta.dtype, meta.shape, for_jax=False)
-    elif meta.kind in ("bool", "int", "float", "complex"):
+    elif meta.kind in _PYTHON_SCALAR_DTYPES:
         value = _python_scalar(handle, meta.kind)
     else:
         handle.take(handle.format_reader.read_data)

@@ -78,19 +78,6 @@ def save(tree: Any, **kwargs: Any) -> bytes:
     return file.getvalue()
 
 
-class ReadOnlyStream(io.RawIOBase):
-    """A stream that cannot seek or tell its length, like a pipe."""
-
-    def __init__(self, data: bytes) -> None:
-        self.inner = io.BytesIO(data)
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        return self.inner.readinto(buffer)
-
-
 def failing_load_peak(load: Callable[[], Any]) -> tuple[int, str]:
     """The peak bytes allocated while `load()` fails with a SerialisationError,
     and the error's message."""
@@ -127,7 +114,12 @@ HUGE = 10**12  # a terabyte, in a file of a few hundred bytes
 @pytest.mark.parametrize("nbytes", [2**31, HUGE])
 @pytest.mark.parametrize("seekable", [True, False], ids=["seekable", "stream"])
 def test_an_entry_claiming_more_data_than_the_file_holds_allocates_nothing(
-    tree: list, like: list, filter_spec: Any, nbytes: int, seekable: bool
+    tree: list,
+    like: list,
+    filter_spec: Any,
+    nbytes: int,
+    seekable: bool,
+    read_only_stream: Any,
 ) -> None:
     if filter_spec is raw_reader:
         data = save(tree, filter_spec=lambda f, leaf: f.write(leaf.encode()))
@@ -139,7 +131,7 @@ def test_an_entry_claiming_more_data_than_the_file_holds_allocates_nothing(
     assert len(crafted) < 1000
 
     def load() -> Any:
-        stream = io.BytesIO(crafted) if seekable else ReadOnlyStream(crafted)
+        stream = io.BytesIO(crafted) if seekable else read_only_stream(crafted)
         return fx.tree_deserialise_leaves(stream, like, filter_spec)
 
     peak, message = failing_load_peak(load)
@@ -284,13 +276,15 @@ def test_the_data_checksum_of_every_entry_kind_is_checked(
         fx.tree_deserialise_leaves(io.BytesIO(checkpoint.build()), like)
 
 
-def test_a_skipped_entry_is_checked_when_the_stream_is_read_through() -> None:
+def test_a_skipped_entry_is_checked_when_the_stream_is_read_through(
+    read_only_stream,
+) -> None:
     checkpoint = Checkpoint.parse(save({"a": np.arange(3), "b": np.ones(2)}))
     checkpoint.entries[0].data_crc = 0xDEADBEEF
     keep_a = {"a": lambda f, like: like, "b": fx.default_deserialise_filter_spec}
     like = {"a": np.zeros(3, int), "b": np.zeros(2)}
     with pytest.raises(fx.SerialisationError, match=r"entry \['a'\] is corrupted"):
-        fx.tree_deserialise_leaves(ReadOnlyStream(checkpoint.build()), like, keep_a)
+        fx.tree_deserialise_leaves(read_only_stream(checkpoint.build()), like, keep_a)
 
 
 def test_serialisation_errors_are_also_runtime_errors() -> None:

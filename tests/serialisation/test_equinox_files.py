@@ -77,19 +77,6 @@ def npy_records(*arrays: Any) -> bytes:
     return file.getvalue()
 
 
-class ReadOnlyStream(io.RawIOBase):
-    """A stream that cannot seek or tell its length, like a pipe."""
-
-    def __init__(self, data: bytes) -> None:
-        self.inner = io.BytesIO(data)
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        return self.inner.readinto(buffer)
-
-
 # --- files Equinox wrote ------------------------------------------------------------
 
 
@@ -147,9 +134,9 @@ def test_the_eqx_suffix_is_appended_when_loading_an_equinox_file(
     assert restored["noise"].shape == (4,)
 
 
-def test_an_equinox_file_loads_from_a_stream_that_cannot_seek() -> None:
+def test_an_equinox_file_loads_from_a_stream_that_cannot_seek(read_only_stream) -> None:
     data = (DATA / "equinox_model.eqx").read_bytes()
-    restored = fx.tree_deserialise_leaves(ReadOnlyStream(data), model_like())
+    restored = fx.tree_deserialise_leaves(read_only_stream(data), model_like())
     assert restored.half.tolist() == [1.0, -2.5, 3.75] and restored.layers == 3
 
 

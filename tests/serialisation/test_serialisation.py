@@ -304,20 +304,7 @@ def test_several_checkpoints_follow_each_other_in_one_file() -> None:
     assert file.read() == b""
 
 
-class _NonSeekable(io.RawIOBase):
-    """A readable stream that cannot seek."""
-
-    def __init__(self, data: bytes) -> None:
-        self.inner = io.BytesIO(data)
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        return self.inner.readinto(b)
-
-
-def test_non_seekable_streams_work_both_ways() -> None:
+def test_non_seekable_streams_work_both_ways(read_only_stream) -> None:
     class WriteOnly(io.RawIOBase):
         def __init__(self) -> None:
             self.data = bytearray()
@@ -333,7 +320,9 @@ def test_non_seekable_streams_work_both_ways() -> None:
     tree = {"a": np.arange(5), "b": np.ones(3)}
     fx.tree_serialise_leaves(sink, tree)
     keep_b = {"a": fx.default_deserialise_filter_spec, "b": lambda f, like: like}
-    restored = fx.tree_deserialise_leaves(_NonSeekable(bytes(sink.data)), tree, keep_b)
+    restored = fx.tree_deserialise_leaves(
+        read_only_stream(bytes(sink.data)), tree, keep_b
+    )
     assert restored["b"] is tree["b"]  # the unread entry was skipped by reading past it
     assert_bitwise_equal(restored, tree)
 
@@ -547,7 +536,9 @@ def test_extra_entry_is_named() -> None:
         load_from_bytes(data, TREE)
 
 
-def test_a_like_that_is_one_subtree_of_the_saved_tree_loads_it_alone() -> None:
+def test_a_like_that_is_one_subtree_of_the_saved_tree_loads_it_alone(
+    read_only_stream,
+) -> None:
     # The model of a `(model, opt_state)` checkpoint, by its key paths; the
     # other entries are skipped, through a stream too.
     model = fx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))
@@ -556,7 +547,9 @@ def test_a_like_that_is_one_subtree_of_the_saved_tree_loads_it_alone() -> None:
     data = save_to_bytes((state, model, 0.5))
     like = fx.nn.MLP(2, 2, 4, 1, key=jax.random.key(1))
     assert fx.tree_equal(load_from_bytes(data, like), model)
-    assert fx.tree_equal(fx.tree_deserialise_leaves(_NonSeekable(data), like), model)
+    assert fx.tree_equal(
+        fx.tree_deserialise_leaves(read_only_stream(data), like), model
+    )
     state_like = {"count": jnp.array(0), "mu": moments, "nu": moments}
     assert fx.tree_equal(load_from_bytes(data, state_like), state)
     with pytest.raises(fx.SerialisationError, match="does not match the structure"):
