@@ -25,15 +25,11 @@ import numpy as np
 from jax.core import Tracer
 
 from ._errors import branched_error_if
-from ._module import Module, field
+from ._module import Module, field, is_dunder
 
 __all__ = ["Enumeration", "EnumerationItem"]
 
 _RESERVED = ("promote", "where")
-
-
-def _is_dunder(name: str) -> bool:
-    return name.startswith("__") and name.endswith("__")
 
 
 class EnumerationItem(Module):
@@ -162,11 +158,11 @@ class _EnumerationType(type):
     def __new__(
         mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any]
     ) -> _EnumerationType:
-        cases = {k: v for k, v in namespace.items() if not _is_dunder(k)}
+        cases = {k: v for k, v in namespace.items() if not is_dunder(k)}
         is_root = not bases
         if not is_root:
             _check_cases(name, cases, bases)
-            kept = {k: v for k, v in namespace.items() if _is_dunder(k)}
+            kept = {k: v for k, v in namespace.items() if is_dunder(k)}
         else:
             kept, cases = dict(namespace), {}
         cls = super().__new__(mcs, name, bases, kept)

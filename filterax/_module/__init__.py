@@ -18,7 +18,7 @@ know nothing about them), `_transformed` (recognising JAX transforms) and
 
 from ._abstract import AbstractClassVar, AbstractVar
 from ._field import StaticArrayWarning, field, static_field
-from ._module import BoundMethod, Module, StrictConfig
+from ._module import BoundMethod, Module, StrictConfig, is_dunder
 from ._partial import Partial
 from ._wrappers import FunctionWrapper, module_update_wrapper
 
@@ -32,6 +32,7 @@ __all__ = [
     "StaticArrayWarning",
     "StrictConfig",
     "field",
+    "is_dunder",
     "module_update_wrapper",
     "static_field",
 ]

@@ -28,7 +28,7 @@ from ._construction import (
 )
 from ._field import field
 
-__all__ = ["BoundMethod", "Module", "StrictConfig"]
+__all__ = ["BoundMethod", "Module", "StrictConfig", "is_dunder"]
 
 
 def StrictConfig(  # noqa: N802 - Equinox's name, once a class
@@ -65,7 +65,8 @@ def StrictConfig(  # noqa: N802 - Equinox's name, once a class
     return None if force_abstract else False
 
 
-def _is_dunder(name: str) -> bool:
+def is_dunder(name: str) -> bool:
+    """Whether `name` is a dunder (`__call__`, `__doc__`...)."""
     return name.startswith("__") and name.endswith("__")
 
 
@@ -193,7 +194,7 @@ def _binds_like_a_method(name: str, value: Any) -> bool:
     `jax.jit`-decorated function. Dunder methods are left as they are, and so
     are callables that are pytrees (`filter_jit` in a class body), which bind
     into pytrees themselves."""
-    if _is_dunder(name):
+    if is_dunder(name):
         return False
     if isinstance(value, types.FunctionType):
         return True
