@@ -9,7 +9,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import jax.tree_util as jtu
-from jax.dtypes import canonicalize_dtype
+from jax.dtypes import canonicalize_dtype, float0
 
 from .._filters import (
     combine,
@@ -209,16 +209,20 @@ def _check_leaf(
             )
         return None
     if not info.differentiable:
-        if ignore_non_differentiable:
+        if ignore_non_differentiable or _is_float0_zero(value, info):
             return None
         raise PerturbationError(
             f"The {owner} at {at} is {info.description}, so its {kind} must "
-            f"be None or a SymbolicZero; got {describe_leaf(value)}."
+            f"be None, a SymbolicZero or JAX's float0 zero of its shape; got "
+            f"{describe_leaf(value)}."
         )
     if is_inexact_array_like(value) and not is_array(value):
         if keep_scalars and info.python_scalar:
             return value
-        value = jnp.asarray(value, dtype=info.dtype)
+        weak = info.python_scalar and type(value) in (float, complex)
+        # A Python scalar for a Python scalar stays weakly typed, as `jax.jvp`
+        # takes it (so the output tangent promotes as the primal output does).
+        value = jnp.asarray(value) if weak else jnp.asarray(value, dtype=info.dtype)
     if not (hasattr(value, "shape") and hasattr(value, "dtype")):
         raise PerturbationError(
             f"The {kind} at {at} is {describe_leaf(value)}; expected an array of "
@@ -232,13 +236,23 @@ def _check_leaf(
     if tuple(value.shape) != info.shape or value.dtype != expected:
         hint = ""
         if jnp.iscomplexobj(value) and not jnp.iscomplexobj(jnp.zeros((), info.dtype)):
-            hint = " A real output takes a real cotangent, never a complex one."
+            hint = f" A real {owner} takes a real {kind}, never a complex one."
         raise PerturbationError(
             f"The {kind} at {at} has shape {tuple(value.shape)} and dtype "
             f"{value.dtype}; expected shape {info.shape} and dtype {expected}, "
             f"matching the {owner} there.{hint}"
         )
     return value
+
+
+def _is_float0_zero(value: Any, info: LeafInfo) -> bool:
+    """Whether `value` is the `float0` array that `jax.jvp`/`jax.vjp` take as
+    the (co)tangent of an integer or boolean array: the shape of the leaf it
+    stands for (any shape where that leaf is not an array, as JAX does for a
+    Python int: a 0-d one)."""
+    if getattr(value, "dtype", None) != float0:
+        return False
+    return info.shape is None or tuple(value.shape) == info.shape
 
 
 def _structure_error(

@@ -16,6 +16,7 @@ from .._errors import runtime_error_from
 from .._filters import is_array
 from .._split import flatten, is_module_type
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
+from .._tree import tree_equal
 from ._aot import CallPlan, Lowered
 from ._compiled import Compiled, compiled_for
 from ._direct import PENDING, Fallback, fallback_for
@@ -377,6 +378,15 @@ class _JitBoundMethod(functools.partial):
 
     def __repr__(self) -> str:
         return f"<bound method {self.func!r} of {self.args[0]!r}>"
+
+    # As for `BoundMethod`, a Module: the same method of equal instances.
+    def __eq__(self, other: object) -> Any:
+        if type(other) is not _JitBoundMethod or self.func is not other.func:
+            return False
+        return tree_equal(self.args[0], other.args[0])
+
+    def __hash__(self) -> int:
+        return hash((self.func, self.args[0]))
 
 
 jtu.register_pytree_with_keys(

@@ -266,7 +266,7 @@ def map_arguments(
             axis = _axis(spec, leaf, name, where, index)
         if not is_dynamic:
             if axis is not None:
-                raise ValueError(
+                raise UnmappableLeafError(
                     f"{who}: in_axes gives the argument at {where(index)} the "
                     f"axis {axis}, but it is {_describe(leaf)}, not an array: only "
                     "arrays (and Refs) can be mapped over. Give it the axis None, "
@@ -291,6 +291,12 @@ def map_arguments(
             mapped.append((index, leaf, axis))
         axes.append(axis)
     return MappedArguments(dynamic, axes, static_part, mapped, call)
+
+
+class UnmappableLeafError(ValueError, TypeError):
+    """An integer axis given to a leaf that is not an array. A `ValueError`, as
+    filterax documents, and a `TypeError`, as Equinox raises for a string or a
+    function there."""
 
 
 def _describe(leaf: Any) -> str:

@@ -7,6 +7,8 @@ from collections.abc import Callable, Hashable
 from typing import Any, TypeVar, overload
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from .._filters import is_ref
 from .._module import FunctionWrapper
@@ -93,6 +95,12 @@ class VmapWrapper(FunctionWrapper):
             if is_batched_ref_write_error(error):
                 _ref_write_error(error, call.dynamic, call.axes)
             raise
+        # `jax.vmap` hands back an argument the function returned untouched
+        # as it came: a NumPy array would come out aliasing the caller's.
+        mapped_out = [
+            jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf
+            for leaf in mapped_out
+        ]
         return info.rebuild(mapped_out, unmapped_out, _WHO, lambda: call.dynamic)
 
     def __repr__(self) -> str:

@@ -48,7 +48,7 @@ from typing import Any
 import jax
 
 from .._compat import register_dataclass_node
-from .._filters import is_array, is_inexact_array
+from .._filters import is_array, is_inexact_array_like
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
 from .._warnings import GENERATED_FILENAME, warn_at_caller
 from ._field import StaticArrayWarning
@@ -140,7 +140,8 @@ class ClassPlan:
         self.field_names = frozenset(f.name for f in fields)
         self.field_order = tuple(f.name for f in fields)
         self.field_count = len(self.field_names)
-        self.not_init_fields = tuple(f.name for f in fields if not f.init)
+        # `(name, declared default)` of each `init=False` field.
+        self.not_init_fields = tuple((f.name, f.default) for f in fields if not f.init)
         self.converters = tuple(
             (f.name, f.metadata["converter"])
             for f in fields
@@ -217,8 +218,13 @@ class ClassPlan:
             check_static_value(cls, name, values[name])
         if not TRANSFORM_TYPES.isdisjoint(map(type, values.values())):
             warn_if_transformed(instance)
-        for name in self.not_init_fields:
-            if is_inexact_array(values[name]) and (cls, name) not in _warned_not_init:
+        for name, default in self.not_init_fields:
+            value = values[name]
+            if (
+                value is not default  # a constant declared as the default
+                and (cls, name) not in _warned_not_init
+                and _holds_inexact(value)
+            ):
                 _warned_not_init.add((cls, name))
                 warn_at_caller(
                     _NOT_INIT_ARRAY.format(cls.__qualname__, name), UserWarning, 2
@@ -227,15 +233,21 @@ class ClassPlan:
             check(instance)
 
 
+def _holds_inexact(value: Any) -> bool:
+    """Whether a pytree has a floating-point leaf: an array, or a Python float
+    or complex (a leaf `filter_grad` differentiates once it is an array)."""
+    return any(map(is_inexact_array_like, jax.tree_util.tree_leaves(value)))
+
+
 # `(class, field)` pairs warned about by `_NOT_INIT_ARRAY` (once each).
 _warned_not_init: set[tuple[type, str]] = set()
 _NOT_INIT_ARRAY = (
-    "{0}.{1} is a `field(init=False)` holding a floating-point array, computed "
-    "in `__init__`/`__post_init__` from other fields. It is a leaf of its own: "
-    "`filter_grad` differentiates with respect to it, not through the fields it "
-    "was computed from, which get no gradient from its uses. Compute it in a "
-    "method or property instead, or mark it `NonDifferentiable` if it is a "
-    "constant. (Equinox warns about this too.)"
+    "{0}.{1} is a `field(init=False)` holding floating-point values, computed "
+    "in `__init__`/`__post_init__` from other fields. They are leaves of their "
+    "own: `filter_grad` differentiates with respect to them, not through the "
+    "fields they were computed from, which get no gradient from their uses. "
+    "Compute them in a method or property instead, or mark them "
+    "`NonDifferentiable` if they are constants. (Equinox warns about this too.)"
 )
 
 
@@ -499,10 +511,17 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
             )
     lines += ["_fx_d = _fx_self.__dict__", *body]
     if hasattr(cls, "__post_init__"):
+        # Called through `super().__init__` from a subclass's custom
+        # `__init__`, the instance is already marked as initialising: the mark
+        # is the outer `__init__`'s to take off.
+        post_init = f"_fx_self.__post_init__({', '.join(init_vars)})"
         lines += [
-            "_fx_initialising.add(_fx_id(_fx_self))",
-            f"try: _fx_self.__post_init__({', '.join(init_vars)})",
-            "finally: _fx_initialising.discard(_fx_id(_fx_self))",
+            "_fx_key = _fx_id(_fx_self)",
+            f"if _fx_key in _fx_initialising: {post_init}",
+            "else:",
+            "  _fx_initialising.add(_fx_key)",
+            f"  try: {post_init}",
+            "  finally: _fx_initialising.discard(_fx_key)",
         ]
         closure["_fx_initialising"] = _INITIALISING
     if not plan.plain:

@@ -49,10 +49,10 @@ def _is_int(value: object) -> bool:
 
 
 def _parse_ints(
-    value: int | Sequence[int], num_spatial_dims: int, name: str, minimum: int
+    value: int | Sequence[int], num_spatial_dims: int, name: str, minimum: int | None
 ) -> tuple[int, ...]:
     """An int (repeated per spatial dimension) or one int per spatial dimension,
-    each at least `minimum`, as a tuple of Python ints."""
+    each at least `minimum` (if given), as a tuple of Python ints."""
     if _is_int(value):
         values = (int(cast(int, value)),) * num_spatial_dims
     elif (
@@ -66,7 +66,7 @@ def _parse_ints(
             f"`{name}` must be an int or a sequence of {num_spatial_dims} ints "
             f"(one per spatial dimension), got {value!r}."
         )
-    if any(v < minimum for v in values):
+    if minimum is not None and any(v < minimum for v in values):
         raise ValueError(f"`{name}` must be at least {minimum}, got {value!r}.")
     return values
 
@@ -478,7 +478,8 @@ class ConvTranspose(Module):
     - `in_channels`, `out_channels`: channel counts of the input and output.
     - `kernel_size`: the size of the kernel, an int or one int per dimension.
     - `stride`, `padding`, `dilation`: those of the matching `Conv` (same forms).
-    - `output_padding`: an int or one per dimension, each smaller than the stride.
+    - `output_padding`: an int or one per dimension, each smaller than the
+      stride; a negative one removes rows at the end instead.
     - `groups`: split the channels into this many independent groups; both
       `in_channels` and `out_channels` must be divisible by it.
     - `use_bias`: whether to add a bias.
@@ -542,7 +543,8 @@ class ConvTranspose(Module):
         n = num_spatial_dims
         kernel_size = _parse_ints(kernel_size, n, "kernel_size", 1)
         stride = _parse_ints(stride, n, "stride", 1)
-        output_padding = _parse_ints(output_padding, n, "output_padding", 0)
+        # A negative `output_padding` crops the output (as in Equinox).
+        output_padding = _parse_ints(output_padding, n, "output_padding", None)
         if any(o >= s for o, s in zip(output_padding, stride)):
             raise ValueError(
                 "`output_padding` must be smaller than `stride` in every dimension, "

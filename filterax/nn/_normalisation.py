@@ -7,11 +7,13 @@ upcast, float64 stays float64) and returns the input's dtype.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
@@ -25,7 +27,11 @@ _State = TypeVar("_State")
 
 
 def _shape_tuple(shape: int | Sequence[int]) -> tuple[int, ...]:
-    return (shape,) if isinstance(shape, int) else tuple(shape)
+    """The shape as a tuple of Python ints (from NumPy ints or an array too),
+    so that the static field holds no NumPy values."""
+    if isinstance(shape, Sequence) or np.ndim(shape) != 0:
+        return tuple(map(operator.index, cast(Sequence[int], shape)))
+    return (operator.index(cast(int, shape)),)
 
 
 def _affine_params(

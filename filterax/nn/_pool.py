@@ -34,12 +34,17 @@ __all__ = [
 ]
 
 
+class PoolPaddingError(ValueError, RuntimeError):
+    """Pooling padding wider than the kernel. A `ValueError`, as filterax
+    documents, and a `RuntimeError`, as Equinox raises there."""
+
+
 def _check_padding_fits_kernel(
     padding: tuple[tuple[int, int], ...], kernel_size: tuple[int, ...]
 ) -> None:
     for pair, k in zip(padding, kernel_size):
         if max(pair) > k:
-            raise ValueError(
+            raise PoolPaddingError(
                 f"Pooling padding may not exceed the kernel size: padding {pair} "
                 f"(including any added by `use_ceil`) for kernel size {k}."
             )

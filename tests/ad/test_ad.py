@@ -365,7 +365,7 @@ def test_vjp_cotangent_may_be_a_prefix_with_none_subtrees():
 )
 def test_vjp_non_differentiable_outputs_only_accept_none(name, value):
     _, vjp_fn = fx.filter_vjp(_named_losses, _vjp_params(), jnp.ones(2))
-    with pytest.raises(ValueError, match="must be None or a SymbolicZero") as info:
+    with pytest.raises(ValueError, match="must be None, a SymbolicZero") as info:
         vjp_fn(_cotangent(**{name: value}))
     assert f"out['{name}']" in str(info.value)
 
@@ -576,9 +576,35 @@ def test_jvp_tangent_for_non_differentiable_leaf_names_path():
         fx.filter_jvp(_jvp_fun, (_jvp_params(),), ({"n": jnp.ones(())},))
     assert "Missing keys" in str(info.value)
     tangents = {"w": None, "b": None, "n": jnp.ones(()), "tag": None, "key": None}
-    with pytest.raises(ValueError, match="must be None or a SymbolicZero") as info:
+    with pytest.raises(ValueError, match="must be None, a SymbolicZero") as info:
         fx.filter_jvp(_jvp_fun, (_jvp_params(),), (tangents,))
     assert "tangents[0]['n']" in str(info.value)
+
+
+def test_jvp_and_vjp_take_jax_float0_zeros_at_integer_leaves():
+    # What `jax.jvp` and `jax.vjp` themselves take there: code ported from
+    # them keeps working.
+    def f(pair):
+        return jnp.sum(pair[0] ** 2) + jnp.sum(pair[1]), pair[1]
+
+    primal = (jnp.arange(3.0), jnp.array([1, 2], jnp.int32))
+    zero = np.zeros((2,), jax.dtypes.float0)
+    out, t_out = fx.filter_jvp(f, (primal,), ((jnp.ones(3), zero),))
+    assert float(t_out[0]) == float(jax.jvp(f, (primal,), ((jnp.ones(3), zero),))[1][0])
+    _, vjp_fn = fx.filter_vjp(f, primal)
+    (grads,) = vjp_fn((jnp.ones(()), zero))
+    assert jnp.array_equal(grads[0], 2 * primal[0]) and grads[1] is None
+    with pytest.raises(
+        ValueError, match=r"tangents\[0\]\[1\].*float0 zero of its shape"
+    ):
+        fx.filter_jvp(f, (primal,), ((None, np.zeros((3,), jax.dtypes.float0)),))
+
+
+def test_jvp_python_scalar_tangent_stays_weakly_typed():
+    _, t_out = fx.filter_jvp(lambda a: a * 2, (1.5,), (1.0,))
+    _, expected = jax.jvp(lambda a: a * 2, (1.5,), (1.0,))
+    assert t_out.weak_type and expected.weak_type
+    assert (jnp.float16(1) * t_out).dtype == jnp.float16
 
 
 def test_jvp_tangent_for_non_differentiable_wrapper_names_path():

@@ -96,7 +96,7 @@ def test_custom_jvp_wrong_output_tangent_names_path():
     with pytest.raises(ValueError, match=r"t_out\['a'\].*expected shape \(2,\)"):
         fx.filter_jvp(f, (jnp.ones(2),), (jnp.ones(2),))
     f.def_jvp(lambda primals, tangents: (f(*primals), {"a": None, "n": jnp.ones(2)}))
-    with pytest.raises(ValueError, match=r"t_out\['n'\].*None or a SymbolicZero"):
+    with pytest.raises(ValueError, match=r"t_out\['n'\].*None, a SymbolicZero"):
         fx.filter_jvp(f, (jnp.ones(2),), (jnp.ones(2),))
 
 

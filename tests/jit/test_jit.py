@@ -324,6 +324,16 @@ def test_decorated_method_access_is_a_pytree_holding_the_model():
     assert len(leaves) == 2 and leaves[0] is model.weight
 
 
+def test_decorated_method_accesses_compare_as_bound_methods_do():
+    model = make_linear()
+    assert model.scaled == model.scaled  # a new object on each access
+    with pytest.raises(TypeError):
+        hash(model.scaled)  # as `hash(model)`: its leaves are arrays
+    assert model.scaled == make_linear().scaled  # equal models
+    assert model.scaled != make_linear(3.0).scaled
+    assert model.scaled != model.__call__
+
+
 def test_decorated_method_recompiles_for_new_values_only_when_static():
     counter = Counter()
 

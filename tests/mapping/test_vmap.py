@@ -145,10 +145,22 @@ def test_negative_in_axes():
 def test_int_in_axes_on_a_non_array_is_an_error_naming_its_path():
     with pytest.raises(ValueError, match=r"args\[1\] the axis 0, but it is a str"):
         fx.filter_vmap(lambda x, s: (x, s), in_axes=0)(jnp.ones(3), "s")
+    with pytest.raises(TypeError, match=r"args\[1\] the axis 0"):  # as Equinox
+        fx.filter_vmap(lambda x, f: x, in_axes=0)(jnp.ones(3), print)
     with pytest.raises(
         ValueError, match=r"args\[0\]\['n'\] the axis 0, but it is a int"
     ):
         fx.filter_vmap(lambda p: p, in_axes=0)({"w": jnp.ones(3), "n": 2})
+
+
+def test_a_numpy_array_returned_untouched_comes_back_as_a_jax_array():
+    # `jax.vmap` would hand back the argument itself, aliasing the caller's.
+    x = np.arange(6.0).reshape(2, 3)
+    out = fx.filter_vmap(lambda a: a)(x)
+    assert isinstance(out, jax.Array)
+    np.testing.assert_array_equal(out, x)
+    both = fx.filter_vmap(lambda a, b: (a, b))(x, jnp.ones(2))
+    assert all(isinstance(o, jax.Array) for o in both)
 
 
 def test_int_out_axes_on_a_python_number_broadcasts_it_as_equinox():

@@ -279,6 +279,62 @@ def test_an_init_false_field_holding_a_float_array_warns_once():
         Norm(jnp.array(4.0))  # once per class and field
 
 
+def test_an_init_false_field_holding_layers_or_a_python_float_warns():
+    # Equinox looks at every leaf of the value, Python floats included.
+    class Stack(fx.Module):
+        size: int
+        layers: list = fx.field(init=False)
+
+        def __post_init__(self):
+            self.layers = [jnp.ones(self.size), "tag"]
+
+    class Scaled(fx.Module):
+        size: int
+        scale: float = fx.field(init=False)
+
+        def __post_init__(self):
+            self.scale = 1 / self.size
+
+    class Counted(fx.Module):
+        size: int
+        count: int = fx.field(init=False)
+
+        def __post_init__(self):
+            self.count = 2 * self.size
+
+    with pytest.warns(UserWarning, match=r"Stack.layers is a `field\(init=False\)`"):
+        Stack(2)
+    with pytest.warns(UserWarning, match=r"Scaled.scale is a `field\(init=False\)`"):
+        Scaled(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Counted(2)  # an int is no floating-point value
+
+
+def test_super_init_into_a_generated_init_with_post_init_leaves_the_instance_open():
+    # The generated `__init__` runs `__post_init__` marked as initialising; it
+    # must not take off the mark of the subclass's `__init__` still running.
+    class Base(fx.Module):
+        x: float
+
+        def __post_init__(self):
+            pass
+
+    with pytest.warns(UserWarning, match="__post_init__"):
+
+        class Sub(Base):
+            y: float
+
+            def __init__(self, x, y):
+                super().__init__(x)
+                self.y = y
+
+    sub = Sub(1.0, 2.0)
+    assert jtu.tree_leaves(sub) == [1.0, 2.0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sub.y = 3.0  # type: ignore[misc]
+
+
 def test_defining_setattr_is_refused():
     with pytest.raises(TypeError, match="__setattr__"):
 

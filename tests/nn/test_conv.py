@@ -709,6 +709,16 @@ def test_malformed_sizes_are_errors():
         fx.nn.Conv1d(1, 1, 3, dtype=jnp.int32, key=KEY)
 
 
+def test_conv_transpose_negative_output_padding_crops_the_end():
+    # Equinox accepts it too; Keras-style code uses it to trim the output.
+    full = fx.nn.ConvTranspose1d(2, 3, 3, stride=2, padding=1, key=KEY)
+    cropped = fx.nn.ConvTranspose1d(
+        2, 3, 3, stride=2, padding=1, output_padding=-1, key=KEY
+    )
+    x = _normal(1, (2, 5))
+    np.testing.assert_allclose(cropped(x), full(x)[:, :-1], rtol=1e-6)
+
+
 def test_conv_transpose_specific_errors():
     with pytest.raises(
         ValueError, match="`output_padding` must be smaller than `stride`"

@@ -86,6 +86,17 @@ def test_layer_norm_fields_and_initialisation():
     assert fx.nn.LayerNorm(5).shape == (5,)
 
 
+def test_norm_shapes_from_numpy_are_stored_as_python_ints():
+    # A shape taken from `x.shape` of a NumPy array, or a NumPy array itself.
+    for shape in (np.array([2, 3]), (np.int64(2), np.int64(3))):
+        for layer in (fx.nn.LayerNorm(shape), fx.nn.RMSNorm(shape)):
+            assert layer.shape == (2, 3)
+            assert all(type(size) is int for size in layer.shape)
+    assert fx.nn.LayerNorm(np.int64(4)).shape == (4,)
+    with pytest.raises(TypeError):
+        fx.nn.LayerNorm(2.5)  # type: ignore[arg-type]
+
+
 def test_layer_norm_matches_formula():
     norm = _with_affine(fx.nn.LayerNorm((3, 4)))
     x = _random(0, (3, 4)) * 3 + 2
