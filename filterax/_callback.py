@@ -23,6 +23,7 @@ def filter_pure_callback(
     callback: Callable[..., Any],
     *args: Any,
     result_shape_dtypes: Any,
+    sharding: jax.sharding.Sharding | None = None,
     vmap_method: str | None = None,
     **kwargs: Any,
 ) -> Any:
@@ -41,6 +42,8 @@ def filter_pure_callback(
     - `result_shape_dtypes`: the output's structure, with a
       `jax.ShapeDtypeStruct` (or an example array) for each array leaf; other
       leaves are returned as given, and `callback` must return equal ones.
+    - `sharding`: as for `jax.pure_callback`: the device the callback is called
+      from (a `jax.sharding.SingleDeviceSharding`), or `None`.
     - `vmap_method`: as for `jax.pure_callback`: how to batch under `vmap`
       (`"sequential"`, `"expand_dims"`, `"broadcast_all"`...).
 
@@ -104,6 +107,10 @@ def filter_pure_callback(
         return out_dynamic
 
     out_dynamic = jax.pure_callback(
-        host_callback, out_structs, *in_dynamic, vmap_method=vmap_method
+        host_callback,
+        out_structs,
+        *in_dynamic,
+        sharding=sharding,
+        vmap_method=vmap_method,
     )
     return out_static.merge(out_dynamic)

@@ -92,8 +92,8 @@ class FilteraxRuntimeError(RuntimeError):
 
 class FilteraxTracetimeError(FilteraxRuntimeError):
     """The [`FilteraxRuntimeError`][filterax.FilteraxRuntimeError] raised when
-    a check fails while it is traced: its predicate was already known to be
-    `True`, before any compiled program ran. `EquinoxTracetimeError` is
+    a check fails while it is traced: its predicate was a Python `True`,
+    known before any compiled program ran. `EquinoxTracetimeError` is
     another name for this class, so code written for Equinox that catches it
     keeps working; `except FilteraxRuntimeError` catches it too.
 
@@ -107,7 +107,7 @@ class FilteraxTracetimeError(FilteraxRuntimeError):
     >>> import jax.numpy as jnp
     >>> import filterax as fx
     >>> try:
-    ...     fx.error_if(jnp.ones(2), jnp.array(True), "known to fail")
+    ...     fx.error_if(jnp.ones(2), True, "known to fail")
     ... except fx.FilteraxTracetimeError as error:
     ...     print(type(error).__name__, isinstance(error, fx.FilteraxRuntimeError))
     FilteraxTracetimeError True
@@ -537,11 +537,17 @@ def _checked(
 # --- Public functions --------------------------------------------------------------
 
 
-def _concrete_bool(pred: Any) -> bool | None:
-    """`any(pred)` when it is known while tracing; `None` for a tracer."""
-    if isinstance(pred, Tracer):
-        return None
-    return bool(np.any(np.asarray(pred)))
+def _python_bool(pred: Any) -> bool | None:
+    """`pred` when it is a Python bool, decided while tracing; `None` for an
+    array, concrete or not, which is checked when the program runs (as in
+    Equinox, so that a check in a branch that never runs never fails)."""
+    return pred if type(pred) is bool else None
+
+
+def _concretely_false(pred: Any) -> bool:
+    """Whether an array predicate is concrete and all false: no check to
+    stage."""
+    return not isinstance(pred, Tracer) and not np.any(np.asarray(pred))
 
 
 def _validated_pred(pred: Any) -> Any:
@@ -571,17 +577,13 @@ def _validated_index(index: Any, msgs: Sequence[str]) -> Any:
             "branched_error_if: `index` must be an int or an integer array, got "
             f"{type(index).__name__ if dtype is None else f'an array of {dtype}'}."
         )
-    if np.ndim(index) != 0:
-        raise ValueError(
-            "branched_error_if: `index` must be a scalar (one message per check), "
-            f"got shape {np.shape(index)}."
-        )
-    if not isinstance(index, Tracer):
-        value = int(np.asarray(index))
-        if not -len(msgs) <= value < len(msgs):
+    if not isinstance(index, Tracer) and np.size(index):
+        values = np.asarray(index)
+        low, high = int(values.min()), int(values.max())
+        if not (-len(msgs) <= low and high < len(msgs)):
             raise ValueError(
-                f"branched_error_if: `index`={value} is out of range for "
-                f"{len(msgs)} message(s)."
+                f"branched_error_if: `index`={low if low < -len(msgs) else high} "
+                f"is out of range for {len(msgs)} message(s)."
             )
     return index
 
@@ -677,9 +679,12 @@ def error_if(
     - `"default"`: the environment variable `FILTERAX_ON_ERROR`, else
       `EQX_ON_ERROR`, else `"raise"`; read when the check is traced.
 
-    When `pred` is known while tracing (a Python bool, a concrete array), a
-    `True` fails at once: `"raise"` raises, `"breakpoint"` opens Python's
-    debugger, `"nan"` warns and fills.
+    A `pred` that is a Python bool (or number) is decided while tracing: `True`
+    fails at once (with a message index that is a Python int), `"raise"`
+    raising a [`FilteraxTracetimeError`][filterax.FilteraxTracetimeError],
+    `"breakpoint"` opening Python's debugger, `"nan"` warning and filling. An
+    array, even a concrete one, is checked when the program runs, as in
+    Equinox: a check in a `lax.cond` branch that is not taken never fails.
 
     **Arguments:**
 
@@ -736,14 +741,15 @@ def branched_error_if(
     - `x`: any pytree holding at least one array, returned unchanged.
     - `pred`: a bool or boolean array; the check fails if any element is `True`
       (a number, or an array of numbers, counts as `True` when non-zero).
-    - `index`: an int or integer scalar array selecting the message.
+    - `index`: an int or integer array selecting the message (of an array,
+      the largest element).
     - `msgs`: the messages, a non-empty sequence of strings.
     - `on_error`: keyword only, as for `error_if`.
 
     **Returns:** `x` (see `error_if` for what happens when the check fails).
 
-    **Raises:** as `error_if`; also `TypeError`/`ValueError` for an `index`
-    that is not an integer scalar or, when known, is out of range.
+    **Raises:** as `error_if`; also `TypeError` for an `index` that is not
+    an integer, `ValueError` for one out of range when known.
 
     ```python
     >>> import jax, jax.numpy as jnp
@@ -767,11 +773,11 @@ def branched_error_if(
     index = _validated_index(index, msgs)
     if mode == "off":
         return x
-    failed = _concrete_bool(pred)
-    if failed is False:
+    failed = _python_bool(pred)
+    if failed is False or (failed is None and _concretely_false(pred)):
         return x
-    if failed and not isinstance(index, Tracer):
-        return _trace_time_failure(x, _message(int(np.asarray(index)), msgs), mode)
+    if failed and type(index) is int:
+        return _trace_time_failure(x, _message(index, msgs), mode)
     leaves, static = split(x, is_array)
     if not leaves:
         raise ValueError(
@@ -779,7 +785,8 @@ def branched_error_if(
             "check to. Pass (a pytree holding) the array that the check guards."
         )
     pred = jnp.any(jnp.asarray(pred))
-    index = jnp.asarray(index)
+    # An array of indices (one per element checked) reports the largest.
+    index = jnp.max(jnp.asarray(index))
     stack = _stack_inside_transforms() if mode == "raise" else ""
     try:
         leaves = _checked(leaves, pred, index, mode=mode, msgs=msgs, stack=stack)

@@ -7,11 +7,13 @@ import io
 import logging
 import re
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import filterax as fx
 from filterax._errors import runtime_error_from
@@ -536,9 +538,22 @@ def test_a_known_index_out_of_range_is_rejected():
         fx.branched_error_if(jnp.array(1.0), False, 2, ["a", "b"])
 
 
-def test_a_non_scalar_index_is_rejected():
-    with pytest.raises(ValueError, match="scalar"):
-        fx.branched_error_if(jnp.array(1.0), False, jnp.zeros(2, int), ["a"])
+def test_an_array_of_indices_reports_the_largest():
+    # Equinox's reading of an index computed elementwise next to the predicate.
+    def check(x):
+        kind = jnp.where(jnp.isnan(x), 1, 0)
+        return fx.branched_error_if(
+            x, jnp.isnan(x) | (x < 0), kind, ["negative", "NaN"]
+        )
+
+    jitted = fx.filter_jit(check)
+    np.testing.assert_array_equal(jitted(jnp.ones(2)), jnp.ones(2))
+    with pytest.raises(fx.FilteraxRuntimeError, match="NaN"):
+        jitted(jnp.array([-1.0, jnp.nan]))
+    with pytest.raises(fx.FilteraxRuntimeError, match="negative"):
+        jitted(jnp.array([-1.0, 2.0]))
+    with pytest.raises(ValueError, match="`index`=2 is out of range"):
+        fx.branched_error_if(jnp.ones(2), False, jnp.array([0, 2]), ["a", "b"])
 
 
 def test_a_runtime_check_needs_an_array_to_attach_to():
@@ -572,8 +587,34 @@ def test_a_check_failing_at_trace_time_raises_the_tracetime_error():
     with pytest.raises(fx.EquinoxTracetimeError, match="known at once"):
         fx.error_if(jnp.ones(2), True, "known at once")
     with pytest.raises(fx.EquinoxTracetimeError, match="second"):
-        fx.branched_error_if(jnp.ones(2), jnp.array(True), 1, ["first", "second"])
+        fx.branched_error_if(jnp.ones(2), True, 1, ["first", "second"])
     failing = fx.filter_jit(lambda x: fx.error_if(x, x > 0, "at run time"))
     with pytest.raises(fx.FilteraxRuntimeError, match="at run time") as info:
         failing(jnp.ones(2))
     assert not isinstance(info.value, fx.FilteraxTracetimeError)
+    # A concrete array is checked as the program runs, eagerly too (Equinox).
+    with pytest.raises(fx.FilteraxRuntimeError, match="second") as info:
+        fx.branched_error_if(jnp.ones(2), jnp.array(True), 1, ["first", "second"])
+    assert not isinstance(info.value, fx.FilteraxTracetimeError)
+
+
+def test_a_concrete_array_predicate_fails_only_where_the_check_runs():
+    # As in Equinox: the check is staged, so a branch that is not taken, or a
+    # loop body that never runs, never fails.
+    failed = jnp.array(True)
+
+    def guarded(x):
+        return fx.error_if(x, failed, "never reached")
+
+    x = jnp.arange(2.0)
+    out = jax.jit(lambda x: lax.cond(False, guarded, lambda x: x + 1, x))(x)
+    np.testing.assert_array_equal(out, x + 1)
+    out = jax.jit(lambda x: lax.while_loop(lambda c: False, guarded, x))(x)
+    np.testing.assert_array_equal(out, x)
+    with pytest.raises(fx.FilteraxRuntimeError, match="never reached"):
+        fx.filter_jit(lambda x: lax.cond(True, guarded, lambda x: x + 1, x))(x)
+    # "nan" fills at run time, without the trace-time warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        filled = jax.jit(lambda x: fx.error_if(x, failed, "m", on_error="nan"))(x)
+    assert jnp.isnan(filled).all()

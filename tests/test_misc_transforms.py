@@ -211,6 +211,23 @@ def test_pure_callback_keywords_and_vmap_method():
     np.testing.assert_allclose(f(jnp.arange(3.0)), [0.0, 1.0, 4.0])
 
 
+def test_pure_callback_sharding_goes_to_jax_not_to_the_callback():
+    def host(x, *, power):
+        return np.asarray(x) ** power
+
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    out = jax.jit(
+        lambda x: fx.filter_pure_callback(
+            host,
+            x,
+            power=2,
+            result_shape_dtypes=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            sharding=device,
+        )
+    )(jnp.arange(3.0))
+    np.testing.assert_allclose(out, [0.0, 1.0, 4.0])
+
+
 @pytest.mark.parametrize(
     "vmap_method", ["sequential", "expand_dims", "broadcast_all", "legacy_vectorized"]
 )

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.custom_derivatives import SymbolicZero as _JaxSymbolicZero
 
@@ -31,6 +32,7 @@ from ._perturbation import (
     skeleton,
     split_differentiable,
 )
+from ._symbolic_zero import SymbolicZero, is_none_or_zero
 
 __all__ = ["filter_custom_jvp", "filter_custom_vjp"]
 
@@ -74,6 +76,28 @@ class BackwardRuleError(PerturbationError, RuntimeError):
     """A `filter_custom_vjp` backward rule returned a cotangent that does not
     fit `vjp_arg`. A `PerturbationError` (`ValueError`, `TypeError`) as
     filterax documents, and a `RuntimeError`, as Equinox raises."""
+
+
+class MissingRuleError(RuntimeError, AttributeError):
+    """A custom-derivative function called before its rule was registered. A
+    `RuntimeError`, as filterax documents, and an `AttributeError`, as
+    Equinox (through `jax.custom_jvp`) raises."""
+
+
+def _zeros_where_missing(tangents: Any, primals: Any) -> Any:
+    """`tangents` (a prefix of `primals` with `None` for "no (co)tangent")
+    with zeros in place of each `None` at an inexact array: what the older,
+    deprecated rule forms (`defjvp`, `defvjp`) receive, as in Equinox."""
+
+    def fill(tangent: Any, primal: Any) -> Any:
+        if tangent is not None and not isinstance(tangent, SymbolicZero):
+            return tangent
+        return jtu.tree_map(
+            lambda leaf: jnp.zeros_like(leaf) if is_inexact_array(leaf) else None,
+            primal,
+        )
+
+    return jtu.tree_map(fill, tangents, primals, is_leaf=is_none_or_zero)
 
 
 class NonFirstArgumentError(RuntimeError, ValueError):
@@ -199,9 +223,64 @@ class filter_custom_jvp:
         self._custom.defjvp(self._jvp_split, symbolic_zeros=True)
         return fn_jvp
 
+    def defjvp(self, fn_jvp: Callable) -> None:
+        """Deprecated (as in Equinox): registers a rule of the older form, whose
+        `tangents` hold zeros, never `None`, for inexact arrays. Use
+        [`def_jvp`][filterax.filter_custom_jvp.def_jvp].
+
+        **Arguments:**
+
+        - `fn_jvp`: the rule, `fn_jvp(primals, tangents, **kwargs) -> (out,
+          t_out)`.
+
+        **Returns:** `None`.
+
+        ```python
+        >>> import warnings
+        >>> import jax.numpy as jnp
+        >>> import filterax as fx
+        >>> add = fx.filter_custom_jvp(lambda x, y: x + y)
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore", fx.FilteraxDeprecationWarning)
+        ...     add.defjvp(lambda p, t: (add(*p), t[0] + t[1]))  # no None in t
+        >>> fx.filter_jvp(add, (jnp.ones(2), jnp.ones(2)), (jnp.ones(2), None))[1]
+        Array([1., 1.], dtype=float32)
+
+        ```
+        """
+        warn_deprecated(
+            "filter_custom_jvp.defjvp is deprecated (as in Equinox): use "
+            "`def_jvp(fn_jvp)`, whose rule receives None for a zero tangent.",
+            stacklevel=2,
+        )
+
+        def rule(primals: tuple, tangents: tuple, **kwargs: Any) -> Any:
+            return fn_jvp(primals, _zeros_where_missing(tangents, primals), **kwargs)
+
+        self.def_jvp(rule)
+
+    def defjvps(self, *args: Any, **kwargs: Any) -> None:
+        """Not available, as in Equinox: raises `NotImplementedError`. Use
+        [`def_jvp`][filterax.filter_custom_jvp.def_jvp].
+
+        ```python
+        >>> import filterax as fx
+        >>> try:
+        ...     fx.filter_custom_jvp(abs).defjvps(None)
+        ... except NotImplementedError:
+        ...     print("use def_jvp")
+        use def_jvp
+
+        ```
+        """
+        raise NotImplementedError(
+            "filter_custom_jvp.defjvps is not available (nor is it in Equinox): "
+            "register one rule for all arguments with `def_jvp`."
+        )
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.fn_jvp is None:
-            raise RuntimeError(
+            raise MissingRuleError(
                 f"filter_custom_jvp function {getattr(self.fn, '__name__', self.fn)!r}"
                 " was called before its rule was registered with `.def_jvp`."
             )
@@ -327,7 +406,8 @@ class filter_custom_vjp:
         """Deprecated (as in Equinox): registers rules of the older form
         `fn_fwd(vjp_arg, *args, **kwargs) -> (out, residuals)` and
         `fn_bwd(residuals, grad_obj, vjp_arg, *args, **kwargs) -> grad_vjp_arg`,
-        which take no `perturbed` argument. Use `def_fwd` and `def_bwd`.
+        which take no `perturbed` argument, and whose `grad_obj` holds zeros,
+        never `None`, for inexact arrays. Use `def_fwd` and `def_bwd`.
 
         **Arguments:**
 
@@ -357,12 +437,17 @@ class filter_custom_vjp:
 
         def forward(perturbed: Any, *args: Any, **kwargs: Any) -> Any:
             del perturbed
-            return fn_fwd(*args, **kwargs)
+            out, residuals = fn_fwd(*args, **kwargs)
+            # The output too: the older rule gets zeros, never None, for the
+            # cotangent of an inexact array, so their shapes are needed.
+            return out, (out, residuals)
 
         def backward(
             residuals: Any, grad_obj: Any, perturbed: Any, *args: Any, **kwargs: Any
         ) -> Any:
             del perturbed
+            out, residuals = residuals
+            grad_obj = _zeros_where_missing(grad_obj, out)
             return fn_bwd(residuals, grad_obj, *args, **kwargs)
 
         self.def_fwd(forward)
@@ -451,7 +536,7 @@ class filter_custom_vjp:
 
     def __call__(self, vjp_arg: Any, /, *args: Any, **kwargs: Any) -> Any:
         if self.fn_fwd is None or self.fn_bwd is None:
-            raise RuntimeError(
+            raise MissingRuleError(
                 f"filter_custom_vjp function {getattr(self.fn, '__name__', self.fn)!r}"
                 " was called before both `.def_fwd` and `.def_bwd` were used."
             )

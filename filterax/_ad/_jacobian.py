@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from .._filters import combine, is_array
+from .._filters import combine, is_array, is_inexact_array_like
 from .._module import FunctionWrapper
 from .._split import split
 from ._nondiff import partition_differentiable
@@ -35,7 +35,8 @@ class _Jacobian(FunctionWrapper):
             result = self.fun(combine(diff_x, rest), *other_args, **kwargs)
             out, aux = unpack_aux(result, name) if has_aux else (result, None)
             aux_parts = split(aux, is_array)
-            out_diff, _, _ = split_differentiable(out)
+            # A Python float output gets its (zero) Jacobian, as from JAX's.
+            out_diff, _, _ = split_differentiable(out, is_inexact_array_like)
             if traced and not jtu.tree_leaves(out_diff):
                 raise _NoOutputs
             return out_diff, aux_parts
@@ -73,7 +74,8 @@ def filter_jacfwd(fun: Callable, has_aux: bool = False) -> Callable:
     output's structure, where each differentiable output leaf of shape `o`
     holds a pytree of the first argument's structure whose differentiable
     leaves of shape `i` hold arrays of shape `o + i`, and `None` elsewhere.
-    Non-differentiable output leaves become `None`. With `has_aux=True`,
+    Non-differentiable output leaves become `None` (a Python float output
+    counts as differentiable: its Jacobian is zeros). With `has_aux=True`,
     returns `(jacobian, aux)`.
 
     **Raises:** `TypeError` when the first argument is missing or passed by

@@ -34,8 +34,9 @@ class CompiledArgumentsError(ValueError, TypeError):
 
 class CallPlan:
     """What a lowered call fixed: the static key, the arrays inside the
-    function, how many argument arrays are kept (not donated), and how the
-    wrapper arranges a call before passing it on."""
+    function, how many argument arrays are the first argument's (told apart
+    when donating, see `Compiled`), and how the wrapper arranges a call
+    before passing it on."""
 
     __slots__ = (
         "arrange",
@@ -43,7 +44,7 @@ class CallPlan:
         "example",
         "fun_dynamic",
         "key",
-        "n_kept",
+        "n_first",
         "signature",
         "silence",
     )
@@ -52,7 +53,7 @@ class CallPlan:
         self,
         key: CallKey,
         fun_dynamic: list[Any],
-        n_kept: int,
+        n_first: int,
         mode: DonateMode,
         args: tuple,
         kwargs: dict,
@@ -62,14 +63,15 @@ class CallPlan:
         self.arrange = arrange
         self.key = key
         self.fun_dynamic = fun_dynamic
-        self.n_kept = n_kept
+        self.n_first = n_first
         self.silence = mode.silences_warning
         self.donates = mode.donates
         self.example = shape_signature((args, kwargs))
         self.signature = _signature(dynamic)
 
     def arguments(self, args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
-        """`(kept, donated)` dynamic leaves of a call, checked against the plan."""
+        """`(first argument's, others')` dynamic leaves of a call, checked
+        against the plan."""
         args, kwargs = self.arrange(args, kwargs)
         key = self.key
         dynamic: list[Any] = []
@@ -87,7 +89,7 @@ class CallPlan:
                 "). Call it with the same structure, non-array values, shapes and "
                 "dtypes, or lower it again."
             )
-        return dynamic[: self.n_kept], dynamic[self.n_kept :]
+        return dynamic[: self.n_first], dynamic[self.n_first :]
 
     def with_first(self, first: Any) -> CallPlan:
         """This plan, for calls that leave out the first positional argument
@@ -97,15 +99,16 @@ class CallPlan:
         plan.arrange = lambda args, kwargs: arrange((first, *args), kwargs)
         return plan
 
-    def inputs(self, kept: list[Any], donated: list[Any]) -> list[Any]:
-        """The traced inputs in the body's order, for mapping returned Refs."""
-        return [*self.fun_dynamic, *kept, *donated]
+    def inputs(self, first: list[Any], rest: list[Any]) -> list[Any]:
+        """The traced inputs in the order that returned Refs are counted in
+        (the function's arrays, then the arguments')."""
+        return [*self.fun_dynamic, *first, *rest]
 
-    def groups(self, kept: list[Any], donated: list[Any]) -> tuple[list[Any], ...]:
+    def groups(self, first: list[Any], rest: list[Any]) -> tuple[list[Any], ...]:
         """The arguments of the keyed body after its key (see `Compiled`)."""
         if self.donates:
-            return self.fun_dynamic, kept, donated
-        return (self.inputs(kept, donated),)
+            return first, self.fun_dynamic, rest
+        return (self.inputs(first, rest),)
 
 
 def _signature(leaves: Any) -> tuple[tuple[tuple[int, ...], Any], ...]:
@@ -156,17 +159,17 @@ class CompiledCall:
         self._plan = plan
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        kept, donated = self._plan.arguments(args, kwargs)
+        first, rest = self._plan.arguments(args, kwargs)
         with donation_warning_ignored(self._plan.silence):
             try:
-                out = self._compiled(*self._plan.groups(kept, donated))
+                out = self._compiled(*self._plan.groups(first, rest))
             except Exception as error:
                 translated = runtime_error_from(error)
                 if translated is None:
                     raise
                 raise translated from None
         if out.__class__ is MixedOutput:
-            return out.rebuild(lambda: self._plan.inputs(kept, donated))
+            return out.rebuild(lambda: self._plan.inputs(first, rest))
         return out
 
     def __getattr__(self, name: str) -> Any:

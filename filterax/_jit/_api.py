@@ -96,7 +96,9 @@ class JitWrapper:
 
     def _direct_groups(self, args: tuple, kwargs: dict) -> tuple | None:
         """The positional arguments of the direct body for this call, or `None`
-        to take the keyed route."""
+        to take the keyed route (see `Compiled` for their order)."""
+        if self.donates:
+            return args[:1], self.fun_dynamic, args[1:], kwargs
         return self.fun_dynamic, args, kwargs
 
     def _arrange(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
@@ -181,24 +183,23 @@ class JitWrapper:
     def _donation_groups(
         self, args: tuple, key: CallKey, leaves: list[Any]
     ) -> tuple[list[Any], list[Any], list[Any]]:
-        """`(function's arrays, kept, donated)` from the leaves of a call of
-        a donating mode (the function's arrays, then the arguments')."""
+        """`(first argument's arrays, function's arrays, other arguments'
+        arrays)` from the leaves of a call of a donating mode (the function's
+        arrays, then the arguments')."""
         n_fun = len(self.fun_dynamic)
-        kept, donated = self._split_donated(args, key, leaves[n_fun:])
-        return leaves[:n_fun], kept, donated
+        first, rest = self._split_first(args, key, leaves[n_fun:])
+        return first, leaves[:n_fun], rest
 
-    def _split_donated(
+    def _split_first(
         self, args: tuple, key: CallKey, dynamic: list[Any]
     ) -> tuple[list[Any], list[Any]]:
-        """The dynamic leaves of the arguments as `(kept, donated)`."""
-        mode = self.mode
-        if not mode.donates:
-            return dynamic, []
+        """The dynamic leaves of the arguments as `(first argument's, the
+        others')`; all of them in the second list when nothing is donated."""
+        if not self.mode.donates:
+            return [], dynamic
         # The first argument's leaves come first.
-        n_kept = (
-            first_argument_leaf_count(key, args) if mode.except_first and args else 0
-        )
-        return dynamic[:n_kept], dynamic[n_kept:]
+        n_first = first_argument_leaf_count(key, args) if args else 0
+        return dynamic[:n_first], dynamic[n_first:]
 
     def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
         """Lowers `fun(*args, **kwargs)` ahead of time, without running it.
@@ -234,11 +235,11 @@ class JitWrapper:
             except TypeError:
                 raise_if_unhashable(args, kwargs)
                 raise
-            kept, donated = self._split_donated(args, key, dynamic)
+            first, rest = self._split_first(args, key, dynamic)
             plan = CallPlan(
                 key,
                 self.fun_dynamic,
-                len(kept),
+                len(first),
                 self.mode,
                 args,
                 kwargs,
@@ -246,7 +247,7 @@ class JitWrapper:
                 self._arrange,
             )
             with donation_warning_ignored(self.mode.silences_warning):
-                lowered = self.compiled.keyed.lower(key, *plan.groups(kept, donated))
+                lowered = self.compiled.keyed.lower(key, *plan.groups(first, rest))
         finally:
             restore_warnings(depth)
         return Lowered(lowered, plan)
@@ -283,7 +284,7 @@ class _ExceptFirstJitWrapper(JitWrapper):
     def _direct_groups(self, args: tuple, kwargs: dict) -> tuple | None:
         if not args:
             return None
-        return self.fun_dynamic, args[:1], args[1:], kwargs
+        return args[:1], self.fun_dynamic, args[1:], kwargs
 
 
 def _first_parameter_name(fun: Callable[..., Any]) -> str | None:

@@ -43,9 +43,14 @@ class Compiled:
     """The inner `jax.jit`s of one function, for one donation mode.
 
     `keyed(key, leaves)` (the function's arrays, then the arguments') for the
-    modes that donate nothing, `keyed(key, fun_dynamic, kept, donated)` for
-    the others; `direct(fun_dynamic, args, kwargs)` (`direct(fun_dynamic,
-    first, rest, kwargs)` for the `*-except-first` modes). `direct_ok` is
+    modes that donate nothing, `keyed(key, first, fun_dynamic, rest)` for the
+    others (the first argument's arrays, the function's, the other
+    arguments'); `direct(fun_dynamic, args, kwargs)`, or `direct(first,
+    fun_dynamic, rest, kwargs)` when donating. The donating order is
+    Equinox's: XLA gives an output the buffer of the first donated input of
+    its shape, so it decides which arrays a call consumes (with
+    `filter_jit(model, donate="all")(x)`, `x` rather than the model's own
+    weights). `direct_ok` is
     `None` until the first call picks a route (see `_api`), and turns false,
     for good, once a call needed the keyed route. `last_call` is the static
     key of the last keyed call, which the next call most likely shares.
@@ -103,18 +108,18 @@ def _new_compiled(
         if len(groups) == 1:
             fun_dynamic, dynamic = groups[0][:n_fun], groups[0][n_fun:]
         else:
-            fun_dynamic, kept, donated = groups
-            dynamic = [*kept, *donated]
+            first, fun_dynamic, rest = groups
+            dynamic = [*first, *rest]
         args, kwargs = unpack_key(key, dynamic)
         out = resolve(fun_dynamic)(*args, **kwargs)
         return filter_output(out, lambda: [*fun_dynamic, *dynamic])
 
-    def direct(fun_dynamic: list[Any], *groups: Any) -> Any:
-        if mode.except_first:
-            first, rest, kwargs = groups
+    def direct(*groups: Any) -> Any:
+        if mode.donates:
+            first, fun_dynamic, rest, kwargs = groups
             args = (*first, *rest)
         else:
-            args, kwargs = groups
+            fun_dynamic, args, kwargs = groups
         check_direct_call()
         out = resolve(fun_dynamic)(*args, **kwargs)
         return filter_output(out, lambda: flatten((fun_dynamic, args, kwargs))[0])
@@ -123,14 +128,15 @@ def _new_compiled(
     for body in (keyed, direct):
         body.__name__ = name
         body.__qualname__ = qualname
-    # The arrays inside `fun` (argument 1 of `keyed`, 0 of `direct`) are
-    # donated with the others, as Equinox does: `filter_jit(model, donate=...)`.
+    # The arrays inside `fun` are donated with the others, as Equinox does:
+    # `filter_jit(model, donate=...)`. Only the first argument may be kept.
     if not mode.donates:
         keyed_donated: tuple[int, ...] = ()
         direct_donated: tuple[int, ...] = ()
+    elif mode.except_first:
+        keyed_donated, direct_donated = (2, 3), (1, 2, 3)
     else:
-        keyed_donated = (1, 3)
-        direct_donated = (0, 2, 3) if mode.except_first else (0, 1, 2)
+        keyed_donated, direct_donated = (1, 2, 3), (0, 1, 2, 3)
     compiled = Compiled(
         jax.jit(keyed, static_argnums=0, donate_argnums=keyed_donated),
         jax.jit(direct, donate_argnums=direct_donated),

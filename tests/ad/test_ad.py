@@ -682,6 +682,17 @@ def test_jacobian_without_differentiable_inputs_or_outputs(jac):
     assert jac(lambda x: {"count": 3})(jnp.ones(2)) == {"count": None}
 
 
+@pytest.mark.parametrize("jac", [fx.filter_jacfwd, fx.filter_jacrev])
+def test_jacobian_of_a_python_float_output_is_zeros(jac):
+    # As `jax.jacfwd` gives (and Equinox): a constant, not a missing block.
+    result = jac(lambda x: (2.0, x * 3))(jnp.ones(2))
+    assert jnp.array_equal(result[0], jnp.zeros(2))
+    assert jnp.array_equal(result[1], 3 * jnp.eye(2))
+    assert jnp.array_equal(
+        fx.filter_hessian(lambda x: 2.0)(jnp.ones(2)), jnp.zeros((2, 2))
+    )
+
+
 def test_hessian_matches_jax_hessian():
     def loss(p):
         return (p["w"] ** 3).sum() * p["b"] + p["n"]

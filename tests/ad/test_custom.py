@@ -324,6 +324,60 @@ def test_deprecated_defvjp_warns_and_registers_rules_without_perturbed():
     assert jnp.array_equal(grad, jnp.full(2, 30.0))
 
 
+def test_deprecated_defvjp_rule_gets_zeros_for_unused_outputs():
+    # The older rule form never saw None at an inexact array (as in Equinox).
+    seen = []
+
+    @fx.filter_custom_vjp
+    def pair(x):
+        return x * 2, {"tripled": x * 3, "tag": "t"}
+
+    def backward(residual, grad_out, x):
+        first, rest = grad_out
+        seen.append(rest)
+        return 2 * first + 3 * rest["tripled"]
+
+    with pytest.warns(fx.FilteraxDeprecationWarning):
+        pair.defvjp(lambda x: (pair.fn(x), None), backward)
+    grad = fx.filter_grad(lambda x: pair(x)[0].sum())(jnp.ones(2))
+    assert jnp.array_equal(grad, jnp.full(2, 2.0))
+    assert jnp.array_equal(seen[0]["tripled"], jnp.zeros(2))
+    assert seen[0]["tag"] is None
+
+
+def test_deprecated_defjvp_rule_gets_zeros_and_defjvps_is_refused():
+    seen = []
+
+    @fx.filter_custom_jvp
+    def add(x, y, n):
+        return x + y * n
+
+    def rule(primals, tangents):
+        seen.append(tangents)
+        x, y, n = primals
+        tx, ty, _ = tangents
+        return add(x, y, n), tx + ty * n
+
+    with pytest.warns(fx.FilteraxDeprecationWarning, match="def_jvp"):
+        add.defjvp(rule)
+    _, t_out = fx.filter_jvp(
+        add, (jnp.ones(2), jnp.ones(2), 3), (None, jnp.ones(2), None)
+    )
+    assert jnp.array_equal(t_out, jnp.full(2, 3.0))
+    tx, ty, tn = seen[0]
+    assert jnp.array_equal(tx, jnp.zeros(2)) and tn is None
+    with pytest.raises(NotImplementedError, match="def_jvp"):
+        add.defjvps(None)
+
+
+def test_calling_before_the_rule_is_registered_is_an_error_of_both_types():
+    unready = fx.filter_custom_jvp(lambda x: x)
+    with pytest.raises(RuntimeError, match="before its rule"):
+        unready(jnp.ones(2))
+    with pytest.raises(AttributeError):  # as Equinox (through jax.custom_jvp)
+        unready(jnp.ones(2))
+
+
 def test_custom_jvp_python_scalars_stay_python_values_under_jit():
     # As in Equinox: a Python float argument is static, so the function and
     # its rule may branch on it, and it gets no tangent.

@@ -577,6 +577,29 @@ def test_arrays_inside_fun_are_donated_as_in_equinox():
     assert not kept.table.is_deleted()
 
 
+class _Scaler(fx.Module):
+    weight: jax.Array
+
+    def __call__(self, x, *rest):
+        return self.weight * x
+
+
+@pytest.mark.parametrize("extra", [(), ("tag",)])  # direct route, keyed route
+def test_donate_all_consumes_the_argument_before_the_models_weights(extra):
+    # One output, and both the argument and the weight could hold it: XLA
+    # takes the first donated input of its shape, and filterax orders them as
+    # Equinox does (first argument, function, other arguments), so the model
+    # stays usable.
+    model = _Scaler(jnp.ones(3))
+    x = jnp.arange(3.0)
+    fx.filter_jit(model, donate="all")(x, *extra)
+    assert x.is_deleted() and not model.weight.is_deleted()
+    # With the first argument kept, the function's arrays come next.
+    x, y = jnp.arange(3.0), jnp.ones(3)
+    fx.filter_jit(model, donate="all-except-first")(x, y, *extra)
+    assert not x.is_deleted() and model.weight.is_deleted() and not y.is_deleted()
+
+
 class _Shifter(fx.Module):
     shift: jax.Array
 
