@@ -294,9 +294,10 @@ def map_arguments(
 
 
 class UnmappableLeafError(ValueError, TypeError):
-    """An integer axis given to a leaf that is not an array. A `ValueError`, as
-    filterax documents, and a `TypeError`, as Equinox raises for a string or a
-    function there."""
+    """An integer axis given to an argument or output leaf that is not an array
+    (nor, for an output, a Python number). A `ValueError`, as filterax
+    documents, and a `TypeError`, as Equinox raises for a string or a function
+    there."""
 
 
 def _describe(leaf: Any) -> str:
@@ -438,7 +439,7 @@ def split_mapped_output(
                 static.append(leaf)
                 continue
             if not is_array_like(leaf):
-                raise ValueError(
+                raise UnmappableLeafError(
                     f"{who}: out_axes gives the output at {_out_path(path)} the axis "
                     f"{axis}, but it is {_describe(leaf)}, not an array: only arrays "
                     "and Python numbers can be stacked. Give it the axis None (it is "

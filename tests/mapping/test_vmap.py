@@ -171,6 +171,8 @@ def test_int_out_axes_on_a_python_number_broadcasts_it_as_equinox():
 def test_int_out_axes_on_another_non_array_is_an_error_naming_its_path():
     with pytest.raises(ValueError, match=r"out\[1\] the axis 0, but it is a str"):
         fx.filter_vmap(lambda x: (x, "s"), out_axes=0)(jnp.ones(3))
+    with pytest.raises(TypeError, match=r"out\[1\] the axis 0"):  # as Equinox
+        fx.filter_vmap(lambda x: (x, print), out_axes=0)(jnp.ones(3))
 
 
 def test_in_axes_dict_names_parameters():
