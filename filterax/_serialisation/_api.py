@@ -277,20 +277,14 @@ def _load_filterax(source: Source, entries: list[_Leaf]) -> list[Any]:
     return loaded
 
 
-def _load_equinox(source: Source, entries: list[_Leaf], whole_file: bool) -> list[Any]:
+def _load_equinox(source: Source, entries: list[_Leaf]) -> list[Any]:
+    # Records after `like`'s last leaf are left unread, as Equinox leaves them:
+    # the model alone loads from a `(model, opt_state)` checkpoint.
     reader = NpyReader(source)
-    loaded = [
+    return [
         entry.spec(NpyLeafReader(reader, entry.path, entry.key_path), entry.leaf)
         for entry in entries
     ]
-    if whole_file and not source.at_end():
-        left = "" if source.remaining is None else f"{source.remaining} bytes, "
-        raise source.fail(
-            f"data follows the last leaf of `like` ({left}starting "
-            f"{source.peek(8)!r}): this Equinox checkpoint holds more leaves "
-            f"than `like` (it has {reader.count} records with data)."
-        )
-    return loaded
 
 
 def tree_deserialise_leaves(
@@ -362,12 +356,17 @@ def tree_deserialise_leaves(
     ```
     """
     entries, rebuild = _leaves_by_spec(filter_spec, like, is_leaf)
-    with open_input(path_or_file) as (source, whole_file):
+    with open_input(path_or_file) as source:
         start = source.peek(len(MAGIC))
         if start and start == MAGIC[: len(start)]:
             loaded = _load_filterax(source, entries)
-        elif not start or starts_npy_record(start):
-            loaded = _load_equinox(source, entries, whole_file)
+        elif (
+            not start
+            or starts_npy_record(start)
+            # Equinox's custom specs may write any bytes, the first leaf's too.
+            or (entries and entries[0].spec is not default_deserialise_filter_spec)
+        ):
+            loaded = _load_equinox(source, entries)
         else:
             raise source.fail(
                 f"not a filterax checkpoint (starts with {start!r}, expected "

@@ -39,8 +39,17 @@ if TYPE_CHECKING:
 
 __all__ = ["decode_equinox_leaf"]
 
-# The NumPy dtype kinds a Python scalar of `like` accepts.
-_SCALAR_DTYPE_KINDS = {"bool": "b", "int": "iu", "float": "f", "complex": "c"}
+# The NumPy dtype kinds a Python scalar of `like` accepts: its own, and those
+# whose values it holds exactly (checked value by value), as Equinox's
+# `type(like)(value)` loads a hyperparameter saved as `1` into a `1.0` field.
+_SCALAR_DTYPE_KINDS = {"bool": "b", "int": "biu", "float": "biuf", "complex": "biufc"}
+_SCALAR_TYPES = {"bool": bool, "int": int, "float": float, "complex": complex}
+
+
+def _exactly(converted: Any, original: Any) -> bool:
+    """Whether a conversion kept the value (NaN counts as kept)."""
+    same = converted == original
+    return bool(np.all(same | (original != original)))
 
 
 def _same_element_type(stored: np.dtype, wanted: np.dtype) -> bool:
@@ -85,14 +94,29 @@ def _read_matching(
     record = reader.read_record(handle.path, handle.key_path)
     if record.shape == shape and _same_element_type(record.dtype, dtype):
         return _read_values(handle, record, dtype, for_jax)
-    if for_jax and record.shape == shape and jax_converts(record.dtype, dtype):
-        native = record.dtype.newbyteorder("=")
-        return _read_values(handle, record, native, for_jax).astype(dtype)
-    raise SerialisationError(
+    mismatch = SerialisationError(
         f"{reader.name}: the NumPy record of leaf {handle.path} holds "
         f"{record.describe()}, but `like` has {describe_like(like)} there"
         f"{reader.context}." + leaf_note(handle.key_path, "mismatch")
     )
+    if for_jax and record.shape == shape and jax_converts(record.dtype, dtype):
+        native = record.dtype.newbyteorder("=")
+        return _read_values(handle, record, native, for_jax).astype(dtype)
+    if (
+        isinstance(like, np.generic)
+        and record.shape == shape
+        and record.dtype.kind in "biufc"
+        and dtype.kind in "biufc"
+    ):
+        # A NumPy scalar, which Equinox converts to `like`'s type: loaded when
+        # the conversion is exact (an int64 record into a float64 leaf).
+        native = record.dtype.newbyteorder("=")
+        values = _read_values(handle, record, native, for_jax)
+        with np.errstate(all="ignore"):
+            converted = values.astype(dtype)
+            if _exactly(converted.astype(native), values):
+                return converted
+    raise mismatch
 
 
 def _read_python_scalar(handle: NpyLeafReader, like: Any, kind: str) -> Any:
@@ -105,7 +129,15 @@ def _read_python_scalar(handle: NpyLeafReader, like: Any, kind: str) -> Any:
             + leaf_note(handle.key_path, "mismatch")
         )
     values = _read_values(handle, record, record.dtype.newbyteorder("="), for_jax=False)
-    return as_like_scalar(values.item(), like)
+    value = values.item()
+    converted = _SCALAR_TYPES[kind](value)
+    if not _exactly(converted, value):  # an int beyond a float's precision
+        raise SerialisationError(
+            f"{reader.name}: the NumPy record of leaf {handle.path} holds "
+            f"{value!r}, which `like`'s {kind} cannot hold exactly."
+            + leaf_note(handle.key_path, "mismatch")
+        )
+    return as_like_scalar(converted, like)
 
 
 def decode_equinox_leaf(handle: NpyLeafReader, like: Any) -> Any:

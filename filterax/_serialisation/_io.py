@@ -216,9 +216,9 @@ def open_output(path_or_file: PathOrFile) -> Iterator[IO[bytes]]:
 
 
 @contextlib.contextmanager
-def open_input(path_or_file: PathOrFile) -> Iterator[tuple[Source, bool]]:
-    """Yields the checkpoint's `Source`, and whether it is the whole file (a
-    path) rather than a part of a file object."""
+def open_input(path_or_file: PathOrFile) -> Iterator[Source]:
+    """Yields the checkpoint's `Source`: the file at a path, or a file object
+    from its current position."""
     path = _as_path(path_or_file)
     if path is None:
         _check_binary_file(path_or_file, "read", "rb")
@@ -226,7 +226,7 @@ def open_input(path_or_file: PathOrFile) -> Iterator[tuple[Source, bool]]:
         label = (
             repr(name) if isinstance(name, str) else f"<{type(path_or_file).__name__}>"
         )
-        yield Source(path_or_file, label), False  # type: ignore[arg-type]
+        yield Source(path_or_file, label)  # type: ignore[arg-type]
         return
     try:
         stream = open(path, "rb")
@@ -242,4 +242,4 @@ def open_input(path_or_file: PathOrFile) -> Iterator[tuple[Source, bool]]:
             ) from None
         raise
     with stream:
-        yield Source(stream, repr(path)), True
+        yield Source(stream, repr(path))

@@ -18,6 +18,7 @@ import dataclasses
 import io
 import math
 import struct
+import tokenize
 from typing import Any
 
 import numpy as np
@@ -118,7 +119,9 @@ class NpyReader:
                 io.BytesIO(bytes(length_field + header)),
                 max_header_size=_MAX_HEADER_BYTES,
             )
-        except (ValueError, SyntaxError, TypeError) as error:
+        except (ValueError, SyntaxError, TypeError, tokenize.TokenError) as error:
+            # NumPy tokenises the header's dict, which a corrupted byte may
+            # leave unterminated (`TokenError`).
             raise source.fail(f"{what} has a malformed header: {error}") from None
         if dtype.hasobject:
             raise source.fail(
