@@ -36,8 +36,10 @@ def filter_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     """The output shapes and dtypes of `fun(*args, **kwargs)`, computed without
     running it.
 
-    Array leaves of the arguments (and `jax.ShapeDtypeStruct`s standing for
-    arrays) are traced abstractly; every other leaf is passed as it is.
+    Array leaves of the arguments and of `fun` itself (and
+    `jax.ShapeDtypeStruct`s standing for arrays, so an abstract model made by
+    `filter_eval_shape` can be called) are traced abstractly; every other leaf
+    is passed as it is.
 
     **Arguments:**
 
@@ -59,6 +61,13 @@ def filter_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
 
     ```
     """
-    dynamic, args_static = split((args, kwargs), is_shaped)
-    out_dynamic, out_static = jax.eval_shape(traced_call(fun, args_static), dynamic)
+    # `fun`'s own arrays are traced too: an abstract model (itself made by
+    # `filter_eval_shape`) is called on abstract inputs.
+    dynamic, static = split((fun, args, kwargs), is_shaped)
+
+    def body(traced: list[Any]) -> tuple[list[Any], StaticPart]:
+        call_fun, call_args, call_kwargs = static.merge(traced)
+        return split(call_fun(*call_args, **call_kwargs), is_array)
+
+    out_dynamic, out_static = jax.eval_shape(body, dynamic)
     return out_static.merge(out_dynamic)

@@ -54,6 +54,16 @@ def test_eval_shape_of_a_module_and_of_a_module_output():
     assert abstract_model.name == "linear"
 
 
+def test_eval_shape_calls_an_abstract_model():
+    # The model itself made by `filter_eval_shape`: its leaves are structs.
+    abstract = fx.filter_eval_shape(fx.nn.MLP, 2, 3, 8, 2, key=jax.random.key(0))
+    assert isinstance(abstract.layers[0].weight, jax.ShapeDtypeStruct)
+    x = jax.ShapeDtypeStruct((2,), jnp.float32)
+    assert fx.filter_eval_shape(abstract, x) == jax.ShapeDtypeStruct((3,), jnp.float32)
+    applied = fx.filter_eval_shape(fx.Partial(lambda m, x: m(x), abstract), x)
+    assert applied.shape == (3,)
+
+
 def test_eval_shape_does_not_run_the_computation():
     calls = []
 

@@ -234,10 +234,17 @@ class MappedArguments:
 
 
 def map_arguments(
-    fun: Callable[..., Any], in_axes: Any, args: tuple, kwargs: dict, who: str
+    fun: Callable[..., Any],
+    in_axes: Any,
+    args: tuple,
+    kwargs: dict,
+    who: str,
+    broadcast_non_arrays: bool = False,
 ) -> MappedArguments:
     """Resolves `in_axes` against a call. An int axis on a leaf that is not an
-    array or Ref is an error naming its key path; an axis out of range too."""
+    array or Ref is an error naming its key path (or, with
+    `broadcast_non_arrays`, ignored: the leaf is passed to every example); an
+    axis out of range is an error too."""
     args_axes, kwargs_axes = named_in_axes(fun, in_axes, args, kwargs)
     call = (args, kwargs)
     spec_leaves, subtrees = _covering_specs(
@@ -265,7 +272,7 @@ def map_arguments(
         else:
             axis = _axis(spec, leaf, name, where, index)
         if not is_dynamic:
-            if axis is not None:
+            if axis is not None and not broadcast_non_arrays:
                 raise UnmappableLeafError(
                     f"{who}: in_axes gives the argument at {where(index)} the "
                     f"axis {axis}, but it is {_describe(leaf)}, not an array: only "

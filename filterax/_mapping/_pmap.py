@@ -98,7 +98,11 @@ class PmapWrapper(FunctionWrapper):
     ) -> tuple[tuple[int | None, ...], MappedArguments, list[Any]]:
         """The per-leaf input axes, the split call and its dynamic leaves (with
         a dummy mapped array when nothing is mapped: `jax.pmap` needs one)."""
-        call = map_arguments(self.fun, self.in_axes, args, kwargs, _WHO)
+        # As Equinox's `filter_pmap`: an int axis on a non-array leaf (an
+        # ensemble's activation functions, given `in_axes=0`) broadcasts it.
+        call = map_arguments(
+            self.fun, self.in_axes, args, kwargs, _WHO, broadcast_non_arrays=True
+        )
         size = batch_size(call, self.axis_size, _WHO)
         try:
             hash(call.static)
@@ -319,7 +323,10 @@ def filter_pmap(
 
     - `fun`: the function to parallelise. Omit it to get a decorator.
     - `in_axes`, `out_axes`, `axis_name`, `axis_size`: as for `filter_vmap`.
-      The mapped size must not exceed the number of devices used.
+      The mapped size must not exceed the number of devices used. Unlike
+      `filter_vmap`, and as Equinox's, an integer axis on an argument leaf
+      that is not an array passes it to every device (`in_axes=(0, None)` for
+      an ensemble whose members hold activation functions).
     - `donate`: `"none"` (default), `"all"` (donate every array argument and
       silence JAX's unusable-donation warning) or `"warn"` (donate, and let the
       warning through).

@@ -61,6 +61,23 @@ def test_in_axes_and_out_axes():
     np.testing.assert_allclose(out[:, 0], [1.0, 2.0, 3.0])
 
 
+def test_an_int_axis_on_non_arrays_passes_them_to_every_device():
+    # As Equinox: an ensemble of MLPs (activation functions inside) with
+    # `in_axes=(0, None)`. (`filter_vmap` refuses this: see its tests.)
+    keys = jax.random.split(jax.random.key(0), N_DEVICES)
+    ensemble = fx.filter_vmap(lambda k: fx.nn.MLP(2, 1, 4, 1, key=k))(keys)
+    x = jnp.ones(2)
+    out = fx.filter_pmap(lambda model, x: model(x), in_axes=(0, None))(ensemble, x)
+    expected = fx.filter_vmap(
+        lambda model, x: model(x), in_axes=(fx.if_array(0), None)
+    )(ensemble, x)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    labelled = fx.filter_pmap(lambda x, label: (x * 2, label), in_axes=0)
+    doubled, label = labelled(jnp.arange(8.0), "tag")
+    assert label == "tag"
+    np.testing.assert_allclose(doubled, 2 * np.arange(8.0))
+
+
 def test_out_axes_none_for_replicated_outputs():
     f = fx.filter_pmap(
         lambda x: (x, jax.lax.psum(x, "d")), axis_name="d", out_axes=(0, None)
