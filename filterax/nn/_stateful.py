@@ -41,6 +41,12 @@ class UnknownIndexError(ValueError, KeyError):
     __str__ = ValueError.__str__  # the message itself, not KeyError's quoted repr
 
 
+class NotAStateError(TypeError, ValueError):
+    """A `State` method given something other than a `StateIndex` (or, for
+    `update`, a `State`). A `TypeError`, as filterax documents, and a
+    `ValueError`, as Equinox raises."""
+
+
 class _DeletedInit(Module):
     """Stands in for an index's initial value once `delete_init_state` (or
     `make_with_state`) has moved it into a `State`; it has no leaves."""
@@ -174,7 +180,7 @@ class State:
     ```
     """
 
-    __slots__ = ("_values",)
+    __slots__ = ("__weakref__", "_values")
     _values: dict[object, Any] | None
 
     def __init__(self, model: Any):
@@ -206,7 +212,7 @@ class State:
     def _lookup(self, index: Any, method: str) -> tuple[dict[object, Any], Any]:
         values = self._live()
         if type(index) is not StateIndex:
-            raise TypeError(
+            raise NotAStateError(
                 f"State.{method} takes a filterax.nn.StateIndex, got "
                 f"{type(index).__name__}."
             )
@@ -368,7 +374,7 @@ class State:
         """
         values = self._live()
         if type(substate) is not State:
-            raise TypeError(
+            raise NotAStateError(
                 f"State.update takes a State, got {type(substate).__name__}."
             )
         new_values = dict(values)

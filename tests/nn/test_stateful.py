@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -137,6 +138,9 @@ def test_get_and_set_need_an_index_of_this_state():
     state = fx.nn.State(Counter())
     with pytest.raises(TypeError, match="StateIndex"):
         state.get("counter")  # pyright: ignore[reportArgumentType]
+    with pytest.raises(ValueError, match="StateIndex"):  # Equinox's type
+        state.set("counter", 1)  # pyright: ignore[reportArgumentType]
+    assert weakref.ref(state)() is state  # as Equinox's State
     with pytest.raises(ValueError, match="not part of this State") as info:
         state.get(Counter().index)
     # A KeyError too, as Equinox raises, showing the message unquoted.
@@ -168,6 +172,8 @@ def test_update_needs_a_substate_of_this_state():
         state.update(fx.nn.State(Counter()))
     with pytest.raises(TypeError, match="takes a State"):
         state.update({})  # pyright: ignore[reportArgumentType]
+    with pytest.raises(ValueError, match="takes a State"):  # Equinox's type
+        state.update("x")  # pyright: ignore[reportArgumentType]
 
 
 def test_substate_of_a_foreign_index_is_an_error():
