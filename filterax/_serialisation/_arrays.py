@@ -56,16 +56,20 @@ def jax_converts(stored: np.dtype, wanted: Any) -> bool:
     return stored.kind != "V" and jax.dtypes.canonicalize_dtype(stored) == wanted
 
 
+# The Python scalar types by kind name; `bool` before `int`, which it subclasses.
+PYTHON_SCALAR_TYPES: dict[str, type] = {
+    "bool": bool,
+    "int": int,
+    "float": float,
+    "complex": complex,
+}
+
+
 def python_scalar_kind(leaf: Any) -> str | None:
     # `np.float64` subclasses `float`, so NumPy scalars are ruled out first.
     if isinstance(leaf, np.generic):
         return None
-    for kind, cls in (
-        ("bool", bool),
-        ("int", int),
-        ("float", float),
-        ("complex", complex),
-    ):
+    for kind, cls in PYTHON_SCALAR_TYPES.items():
         if isinstance(leaf, cls):
             return kind
     return None

@@ -18,6 +18,7 @@ import numpy as np
 
 from .._filters import is_ref
 from ._arrays import (
+    PYTHON_SCALAR_TYPES,
     as_like_scalar,
     describe_like,
     empty_buffer,
@@ -43,7 +44,6 @@ __all__ = ["decode_equinox_leaf"]
 # whose values it holds exactly (checked value by value), as Equinox's
 # `type(like)(value)` loads a hyperparameter saved as `1` into a `1.0` field.
 _SCALAR_DTYPE_KINDS = {"bool": "b", "int": "biu", "float": "biuf", "complex": "biufc"}
-_SCALAR_TYPES = {"bool": bool, "int": int, "float": float, "complex": complex}
 
 
 def _exactly(converted: Any, original: Any) -> bool:
@@ -130,7 +130,7 @@ def _read_python_scalar(handle: NpyLeafReader, like: Any, kind: str) -> Any:
         )
     values = _read_values(handle, record, record.dtype.newbyteorder("="), for_jax=False)
     value = values.item()
-    converted = _SCALAR_TYPES[kind](value)
+    converted = PYTHON_SCALAR_TYPES[kind](value)
     if not _exactly(converted, value):  # an int beyond a float's precision
         raise SerialisationError(
             f"{reader.name}: the NumPy record of leaf {handle.path} holds "

@@ -16,6 +16,7 @@ from jax.core import Tracer
 
 from .._filters import is_ref
 from ._arrays import (
+    PYTHON_SCALAR_TYPES,
     as_like_scalar,
     describe_like,
     empty_buffer,
@@ -301,7 +302,7 @@ def _widened_scalar(handle: LeafReader, kind: str, mismatch: Any) -> Any:
         value = _read_array(handle, meta.dtype, (), for_jax=False)[()].item()
     else:
         raise mismatch()
-    converted = {"float": float, "complex": complex, "int": int}[kind](value)
+    converted = PYTHON_SCALAR_TYPES[kind](value)
     if converted != value:  # an int too large for a float, say
         raise mismatch()
     return converted

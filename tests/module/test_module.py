@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import gc
 import inspect
@@ -173,19 +174,35 @@ def test_init_state_does_not_leak_after_a_failing_init():
     assert fx._module._construction._INITIALISING == set()
 
 
-def test_subclass_custom_init_calls_parent_init():
-    class Base(fx.Module):
-        a: int
+@pytest.mark.parametrize("post_init", [False, True])
+def test_subclass_custom_init_calls_parent_init(post_init):
+    # With a `__post_init__`, the parent's generated `__init__` runs it marked
+    # as initialising; it must not take off the mark of the subclass's
+    # `__init__`, still running.
+    namespace = {"__annotations__": {"a": int}}
+    if post_init:
+        namespace["__post_init__"] = lambda self: None
+    Base = type(fx.Module)("Base", (fx.Module,), namespace)
 
-    class Child(Base):
-        b: int
+    expected = (
+        pytest.warns(UserWarning, match="__post_init__")
+        if post_init
+        else contextlib.nullcontext()
+    )
+    with expected:
 
-        def __init__(self, a, b):
-            super().__init__(a)
-            self.b = b
+        class Child(Base):
+            b: int
+
+            def __init__(self, a, b):
+                super().__init__(a)
+                self.b = b
 
     child = Child(1, 2)
     assert (child.a, child.b) == (1, 2)
+    assert jtu.tree_leaves(child) == [1, 2]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        child.b = 3  # type: ignore[misc]
 
 
 def test_subclass_without_init_inherits_custom_init():
@@ -309,30 +326,6 @@ def test_an_init_false_field_holding_layers_or_a_python_float_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Counted(2)  # an int is no floating-point value
-
-
-def test_super_init_into_a_generated_init_with_post_init_leaves_the_instance_open():
-    # The generated `__init__` runs `__post_init__` marked as initialising; it
-    # must not take off the mark of the subclass's `__init__` still running.
-    class Base(fx.Module):
-        x: float
-
-        def __post_init__(self):
-            pass
-
-    with pytest.warns(UserWarning, match="__post_init__"):
-
-        class Sub(Base):
-            y: float
-
-            def __init__(self, x, y):
-                super().__init__(x)
-                self.y = y
-
-    sub = Sub(1.0, 2.0)
-    assert jtu.tree_leaves(sub) == [1.0, 2.0]
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        sub.y = 3.0  # type: ignore[misc]
 
 
 def test_defining_setattr_is_refused():
