@@ -16,11 +16,14 @@ The first call picks the route; a function that turns out to need the keyed
 route uses it from then on. `_compiled.py` holds the inner `jax.jit`s, shared
 by every wrapper of one function; `_outputs.py` what leaves the trace (arrays,
 and everything else in the treedef, input Refs mapped back); `_donate.py`
-buffer donation; `_aot.py` `.lower(...).compile()`; `_api.py` the public
+buffer donation; `_aot.py` `.lower(...).compile()`; `_layout.py` the
+`in_shardings` and `out_shardings` (applied inside the trace; wrappers given
+them are a subclass, so other calls pay nothing); `_api.py` the public
 function and wrappers.
 
 May import: `jax`, `_split`, `_structure`, `_filters`, `_caches`, `_compat`,
-`_errors`, `_transformed`.
+`_errors`, `_transformed`, and `_mapping` (`filter_shard`, and the prefix
+resolution of `_mapping/_axes.py`, for the shardings).
 """
 
 from ._api import JitWrapper, filter_jit

@@ -31,6 +31,7 @@ from .._split import StaticPart, clear_leaf_kinds, flatten, split
 from ._direct import check_direct_call
 from ._donate import DonateMode, silence_donation_warnings
 from ._keyed import CallKey, unpack_key
+from ._layout import Layout
 from ._memo import clear as clear_memo
 from ._outputs import filter_output
 
@@ -55,7 +56,8 @@ class Compiled:
     for good, once a call needed the keyed route. `last_call` is the static
     key of the last keyed call, which the next call most likely shares.
     `made_for` is what it was made for: a weak reference to a plain function,
-    or a callable's `StaticPart`.
+    or a callable's `StaticPart`. `layout` is the `in_shardings` and
+    `out_shardings` the bodies apply (`None`: none given).
     """
 
     __slots__ = (
@@ -64,15 +66,23 @@ class Compiled:
         "direct_ok",
         "keyed",
         "last_call",
+        "layout",
         "made_for",
     )
 
-    def __init__(self, keyed: Any, direct: Any, made_for: weakref.ref | StaticPart):
+    def __init__(
+        self,
+        keyed: Any,
+        direct: Any,
+        made_for: weakref.ref | StaticPart,
+        layout: Layout | None = None,
+    ):
         self.keyed = keyed
         self.direct = direct
         self.direct_ok: bool | None = None
         self.last_call: CallKey | None = None
         self.made_for = made_for
+        self.layout = layout
 
     def is_for_function(self, fun: Any) -> bool:
         """Whether this was made for the plain function `fun`."""
@@ -81,7 +91,11 @@ class Compiled:
 
 
 def _new_compiled(
-    made_for: weakref.ref | StaticPart, name: str, qualname: str, mode: DonateMode
+    made_for: weakref.ref | StaticPart,
+    name: str,
+    qualname: str,
+    mode: DonateMode,
+    layout: Layout | None,
 ) -> Compiled:
     """Builds the inner jitted functions for a plain function (`made_for` a
     weak reference to it) or another callable (`made_for` its `StaticPart`).
@@ -102,6 +116,11 @@ def _new_compiled(
             silence_donation_warnings()
         return fun
 
+    def call(fun: Any, args: tuple, kwargs: dict) -> Any:
+        if layout is None:
+            return fun(*args, **kwargs)
+        return layout.call(fun, args, kwargs)
+
     def keyed(key: Any, *groups: list[Any]) -> Any:
         # One list of leaves when nothing is donated: every extra argument
         # adds to JAX's dispatch work on each call.
@@ -111,7 +130,7 @@ def _new_compiled(
             first, fun_dynamic, rest = groups
             dynamic = [*first, *rest]
         args, kwargs = unpack_key(key, dynamic)
-        out = resolve(fun_dynamic)(*args, **kwargs)
+        out = call(resolve(fun_dynamic), args, kwargs)
         return filter_output(out, lambda: [*fun_dynamic, *dynamic])
 
     def direct(*groups: Any) -> Any:
@@ -121,7 +140,7 @@ def _new_compiled(
         else:
             fun_dynamic, args, kwargs = groups
         check_direct_call()
-        out = resolve(fun_dynamic)(*args, **kwargs)
+        out = call(resolve(fun_dynamic), args, kwargs)
         return filter_output(out, lambda: flatten((fun_dynamic, args, kwargs))[0])
 
     # Named after `fun`, for readable jaxprs, HLO and profiles.
@@ -141,21 +160,23 @@ def _new_compiled(
         jax.jit(keyed, static_argnums=0, donate_argnums=keyed_donated),
         jax.jit(direct, donate_argnums=direct_donated),
         made_for,
+        layout,
     )
     _LIVE.add(compiled)
     return compiled
 
 
-# id(fun) -> (weak reference to fun, {donate mode: Compiled}). Keyed by
+# id(fun) -> (weak reference to fun, {(donate mode, layout): Compiled}). Keyed by
 # identity, as a function's `==` is identity anyway. The weak reference's
 # callback drops the entry (and with it the jitted functions and their
 # compiled code) once `fun` is garbage collected. One entry per function means
 # that `filter_jit(f)(x)` in a loop compiles once, as `jax.jit(f)(x)` does.
-_BY_IDENTITY: dict[int, tuple[weakref.ref, dict[DonateMode, Compiled]]] = {}
-# (static part, mode) -> Compiled, most recently used last.
-_BY_STATIC_PART: collections.OrderedDict[tuple[StaticPart, DonateMode], Compiled] = (
-    collections.OrderedDict()
-)
+_Options = tuple[DonateMode, "Layout | None"]
+_BY_IDENTITY: dict[int, tuple[weakref.ref, dict[_Options, Compiled]]] = {}
+# (static part, mode, layout) -> Compiled, most recently used last.
+_BY_STATIC_PART: collections.OrderedDict[
+    tuple[StaticPart, DonateMode, Layout | None], Compiled
+] = collections.OrderedDict()
 _LIVE: weakref.WeakSet[Compiled] = weakref.WeakSet()
 _LOCK = threading.RLock()
 
@@ -179,24 +200,30 @@ def _names(fun: Any) -> tuple[str, str]:
 
 
 def compiled_for(
-    fun: Any, mode: DonateMode, known: Compiled | None = None
+    fun: Any,
+    mode: DonateMode,
+    known: Compiled | None = None,
+    layout: Layout | None = None,
 ) -> tuple[Compiled, list[Any]]:
-    """The shared `Compiled` for `fun` and the arrays inside `fun` (traced
-    arguments of every call). `known` (the `Compiled` of the wrapper a copy is
-    made from) is checked first: it is the one when `fun` is the same plain
-    function, or a callable of the same static part."""
+    """The shared `Compiled` for `fun` (with `layout`'s shardings) and the
+    arrays inside `fun` (traced arguments of every call). `known` (the
+    `Compiled` of the wrapper a copy is made from) is checked first: it is the
+    one when `fun` is the same plain function, or a callable of the same
+    static part; a copy keeps its layout."""
+    if known is not None:
+        layout = known.layout
     if isinstance(fun, types.FunctionType):
         if known is not None and known.is_for_function(fun):
             return known, []
-        return _compiled_by_identity(fun, *_names(fun), mode), []
+        return _compiled_by_identity(fun, *_names(fun), mode, layout), []
     fun_dynamic, fun_static = split(fun)
     if known is not None and known.made_for == fun_static:
         return known, fun_dynamic
-    key = (fun_static, mode)
+    key = (fun_static, mode, layout)
     with _LOCK:
         compiled = _BY_STATIC_PART.get(key)
         if compiled is None:
-            compiled = _new_compiled(fun_static, *_names(fun), mode)
+            compiled = _new_compiled(fun_static, *_names(fun), mode, layout)
             _BY_STATIC_PART[key] = compiled
             if len(_BY_STATIC_PART) > _MAX_STATIC_ENTRIES:
                 _BY_STATIC_PART.popitem(last=False)
@@ -206,7 +233,7 @@ def compiled_for(
 
 
 def _compiled_by_identity(
-    fun: Any, name: str, qualname: str, mode: DonateMode
+    fun: Any, name: str, qualname: str, mode: DonateMode, layout: Layout | None
 ) -> Compiled:
     with _LOCK:
         fun_id = id(fun)
@@ -214,10 +241,10 @@ def _compiled_by_identity(
         if entry is None or entry[0]() is not fun:
             entry = (weakref.ref(fun, functools.partial(_forget, fun_id)), {})
             _BY_IDENTITY[fun_id] = entry
-        compiled = entry[1].get(mode)
+        compiled = entry[1].get((mode, layout))
         if compiled is None:
-            compiled = _new_compiled(entry[0], name, qualname, mode)
-            entry[1][mode] = compiled
+            compiled = _new_compiled(entry[0], name, qualname, mode, layout)
+            entry[1][mode, layout] = compiled
         return compiled
 
 
