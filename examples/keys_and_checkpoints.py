@@ -1,4 +1,4 @@
-"""Keys that live in the model, and a checkpoint that resumes bit for bit.
+"""Keys that live in the model, and checkpoints that resume bit for bit.
 
 Each dropout layer owns its own typed PRNG key (`jax.random.key`), stored as an
 ordinary field. filterax knows what a key array is (`filterax.is_key_array`):
@@ -6,14 +6,18 @@ ordinary field. filterax knows what a key array is (`filterax.is_key_array`):
 `filter_grad` gives it a `None` gradient, so optax and `apply_updates` leave it
 alone. After every step the training step advances every key in the model.
 
-Halfway through, the whole training state (model, keys, optimiser state, data
-key and step counter) is written with `tree_serialise_leaves`. The run then
-continues to the end. Finally the checkpoint is read back with
-`tree_deserialise_leaves` into a freshly built state of the same shape, the
-second half is replayed, and the script asserts that the losses and the final
-state are bit-identical to the uninterrupted run.
+A first run trains to the end without interruption: the reference. A second
+run saves the whole training state (model, keys, optimiser state, data key and
+step counter) every few steps with `filterax.checkpoint.Checkpointer`, which
+writes in the background while training goes on and keeps the newest two
+steps, and then "crashes" part-way. A third run resumes: it restores the
+latest complete step into an abstract template (`filter_eval_shape`: nothing
+is built just to be overwritten) and trains to the end. The script asserts
+that the replayed losses and the final state are bit-identical to the
+reference. (For one host and one file, `tree_serialise_leaves` and
+`tree_deserialise_leaves` do the same job without orbax.)
 
-    python examples/keys_and_checkpoints.py [--small] [--checkpoint PATH]
+    python examples/keys_and_checkpoints.py [--small] [--checkpoint DIR]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import optax
 from jaxtyping import Array, Float, PRNGKeyArray
 
 import filterax as fx
+import filterax.checkpoint
 
 
 class Linear(fx.Module):
@@ -127,14 +132,21 @@ def train_step(state: TrainState) -> tuple[TrainState, jax.Array]:
     return TrainState(model, opt_state, data_key, state.step + 1), loss
 
 
-def run(state: TrainState, until: int, checkpoint: tuple[int, str] | None = None):
-    """Trains up to step `until`; saves the state when it reaches
-    `checkpoint[0]` (before that step runs) to the path `checkpoint[1]`."""
+def run(
+    state: TrainState,
+    until: int,
+    checkpoints: filterax.checkpoint.Checkpointer | None = None,
+    every: int = 1,
+):
+    """Trains up to step `until`; with `checkpoints`, saves the state every
+    `every` steps (before that step runs) without waiting for the write."""
     losses = []
+    start = int(state.step)
     while int(state.step) < until:
-        if checkpoint is not None and int(state.step) == checkpoint[0]:
-            fx.tree_serialise_leaves(checkpoint[1], state)
-            print(f"step {int(state.step):4d}  checkpoint written to {checkpoint[1]}")
+        step = int(state.step)
+        if checkpoints is not None and step > start and step % every == 0:
+            checkpoints.save(step, state)  # returns while it writes
+            print(f"step {step:4d}  checkpoint started")
         state, loss = train_step(state)
         losses.append(float(loss))
         if int(state.step) % max(1, until // 8) == 0:
@@ -143,35 +155,50 @@ def run(state: TrainState, until: int, checkpoint: tuple[int, str] | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--small", action="store_true", help="a quick run for CI")
     parser.add_argument(
-        "--checkpoint", default=None, help="checkpoint path (default: a temp dir)"
+        "--checkpoint",
+        default=None,
+        help="checkpoint directory, which must not hold steps yet (default: a temp dir)",
     )
     args = parser.parse_args(argv)
     steps = 40 if args.small else 1000
-    halfway = steps // 2
+    every = steps // 8
+    crash = steps * 5 // 8 + every // 2  # between two checkpoints
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = args.checkpoint or os.path.join(tmp, "state.fx")
+        directory = args.checkpoint or os.path.join(tmp, "run")
 
         state = initial_state(seed=0)
         print("keys in the model:", fx.filter(state.model, fx.is_key_array))
 
         print("--- uninterrupted run ---")
-        final, losses = run(state, steps, checkpoint=(halfway, path))
+        final, losses = run(state, steps)
 
-        print("--- resumed from the checkpoint ---")
-        # Any state of the same structure, shapes, dtypes and key
-        # implementation serves as the template; its values are replaced.
-        like = initial_state(seed=123)
-        restored = fx.tree_deserialise_leaves(path, like)
-        assert int(restored.step) == halfway
-        resumed, resumed_losses = run(restored, steps)
+        print(f"--- a run that saves every {every} steps and crashes at {crash} ---")
+        with filterax.checkpoint.Checkpointer(directory, keep=2) as checkpoints:
+            run(initial_state(seed=0), crash, checkpoints, every)
+        # Leaving the block waits for the save in flight; after a real crash
+        # that save may be lost, and is then invisible: the resume below takes
+        # the latest complete step either way.
 
-    same_losses = resumed_losses == losses[halfway:]  # exact float equality
+        print("--- resumed from the latest complete step ---")
+        with filterax.checkpoint.Checkpointer(directory, keep=2) as checkpoints:
+            print("complete steps:", checkpoints.steps())
+            resume_from = checkpoints.latest_step()
+            assert resume_from is not None
+            # Any state of the same structure, shapes, dtypes and key
+            # implementation serves as the template: here an abstract one.
+            like = fx.filter_eval_shape(initial_state, 123)
+            restored = checkpoints.restore(like)
+            assert int(restored.step) == resume_from
+            print(f"restored step {resume_from}")
+            resumed, resumed_losses = run(restored, steps, checkpoints, every)
+
+    same_losses = resumed_losses == losses[resume_from:]  # exact float equality
     same_state = fx.tree_equal(resumed, final, typematch=True)
-    print(f"second-half losses identical: {same_losses}")
+    print(f"replayed losses identical: {same_losses}")
     print(f"final state identical (parameters, keys, optimiser): {same_state}")
     quarter = max(1, steps // 4)
     fell = sum(losses[-quarter:]) < sum(losses[:quarter])

@@ -34,7 +34,7 @@ _NO_RUN_COMMENT = re.compile(r"^\s*<!--\s*no-run\s*-->\s*$")
 _PYTHON_LANGUAGES = {"python", "py", "python3"}
 # Pages that import these (from the `examples` and `test` extras) are skipped
 # when they are missing, rather than failing.
-OPTIONAL_MODULES = {"optax", "matplotlib", "beartype"}
+OPTIONAL_MODULES = {"optax", "matplotlib", "beartype", "orbax"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +186,9 @@ def _public_names(namespace: Any) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("namespace", ["filterax", "filterax.nn", "filterax.debug"])
+@pytest.mark.parametrize(
+    "namespace", ["filterax", "filterax.nn", "filterax.debug", "filterax.checkpoint"]
+)
 def test_api_reference_documents_every_public_name(namespace: str) -> None:
     public = _public_names(importlib.import_module(namespace))
     assert public, f"{namespace} exports nothing: the check would pass vacuously"

@@ -7,8 +7,14 @@ import types
 import pytest
 
 import filterax as fx
+import filterax.checkpoint
 
-NAMESPACES = {"filterax": fx, "filterax.nn": fx.nn, "filterax.debug": fx.debug}
+NAMESPACES = {
+    "filterax": fx,
+    "filterax.nn": fx.nn,
+    "filterax.debug": fx.debug,
+    "filterax.checkpoint": filterax.checkpoint,
+}
 
 
 def _public(namespace: types.ModuleType) -> list[str]:

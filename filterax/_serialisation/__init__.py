@@ -14,7 +14,9 @@
 - `_messages.py`: `SerialisationError` and the phrases of its messages.
 
 May import: `jax`, `numpy`, and the lowest layer of filterax (`_filters`).
-Nothing in filterax imports this folder except `filterax/__init__.py`.
+Nothing in filterax imports this folder except `filterax/__init__.py` and
+`filterax/checkpoint/` (the error type, and how leaves are described and
+placed).
 """
 
 from ._api import tree_deserialise_leaves, tree_serialise_leaves

@@ -126,8 +126,18 @@ def tree_serialise_leaves(
     component has no suffix gets `.eqx` appended, as in Equinox. A file object
     is written from its current position and left open; a failure part-way
     leaves an incomplete checkpoint in it, which loading rejects. Leaves are
-    streamed: memory use stays near the size of the largest leaf. The format
-    is described in `docs/serialisation-format.md`.
+    streamed: memory use stays near the size of the largest leaf, and no host
+    copy of an array stays cached on it afterwards. The format is described
+    in `docs/serialisation-format.md`.
+
+    In a multi-process run (`jax.distributed`), each process that calls it
+    writes the file from the values it holds: arrays replicated across
+    processes, or split only over the process's own devices, are assembled
+    from its local shards. An array split across processes is refused; save
+    sharded models with [`filterax.checkpoint`][filterax.checkpoint.save],
+    where every process writes its own shards. (Call it from one process, or
+    give each process its own path: on a shared filesystem, writers of one
+    path replace each other's complete files atomically.)
 
     **Arguments:**
 
@@ -146,7 +156,7 @@ def tree_serialise_leaves(
     **Returns:** `None`.
 
     **Raises:** `TypeError` naming the key path for a leaf that cannot be
-    stored, `ValueError` for an array that has been deleted (or donated) and
+    stored (an array split across processes included), `ValueError` for an array that has been deleted (or donated) and
     when `filter_spec` is not a prefix of `pytree`; `OSError` naming the
     destination when it cannot be written. Any error leaves an existing file
     at `path_or_file` untouched.

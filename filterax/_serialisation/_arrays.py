@@ -18,9 +18,11 @@ from ._messages import shape_str, with_article
 
 __all__ = [
     "as_like_scalar",
+    "as_weak",
     "describe_like",
     "empty_buffer",
     "finish_array",
+    "host_copy",
     "is_array_template",
     "is_jax_template",
     "is_key_dtype",
@@ -122,6 +124,45 @@ def describe_like(like: Any) -> str:
     return f"a Python {kind}" if kind else f"a {type(like).__name__} (not an array)"
 
 
+def _slice_key(index: tuple[Any, ...]) -> tuple[Any, ...]:
+    # Slices are unhashable before Python 3.12.
+    return tuple(
+        (part.start, part.stop, part.step) if isinstance(part, slice) else part
+        for part in index
+    )
+
+
+def _fresh_view(data: jax.Array) -> jax.Array:
+    """A new array object on the buffer of the single-device array `data`:
+    reading it on the host caches the copy (where one is made, on GPUs and
+    TPUs) on this short-lived object, not on `data`, which the array it
+    belongs to keeps for as long as it lives."""
+    return jax.make_array_from_single_device_arrays(data.shape, data.sharding, [data])
+
+
+def host_copy(array: jax.Array) -> np.ndarray | None:
+    """The value of `array` on the host, assembled from the shards this
+    process holds, each distinct shard read once; `None` when this process
+    does not hold every element (the array is split across processes).
+
+    Unlike `numpy.asarray(array)`, no host copy stays cached on `array`
+    afterwards: the copy lives as long as the returned NumPy array."""
+    shards = array.addressable_shards
+    distinct = {}
+    for shard in shards:
+        distinct.setdefault(_slice_key(shard.index), shard)
+    covered = sum(math.prod(shard.data.shape) for shard in distinct.values())
+    if covered != math.prod(array.shape):
+        return None
+    if len(distinct) == 1:
+        (shard,) = distinct.values()
+        return np.asarray(_fresh_view(shard.data))
+    out = np.empty(array.shape, array.dtype)
+    for shard in distinct.values():
+        out[shard.index] = np.asarray(_fresh_view(shard.data))
+    return out
+
+
 # XLA's CPU client adopts a host buffer aligned to this many bytes as the
 # array's own memory instead of copying it.
 _XLA_ALIGNMENT = 64
@@ -154,7 +195,9 @@ def _python_zero(dtype: np.dtype) -> complex | None:
     return zero if jnp.result_type(type(zero)) == dtype else None
 
 
-def _as_weak(placed: jax.Array) -> jax.Array:
+def as_weak(placed: jax.Array) -> jax.Array:
+    """`placed` as a weakly typed array of the same dtype and placement (as
+    is, where its dtype has no weak form)."""
     zero = _python_zero(np.dtype(placed.dtype))
     if zero is None:
         return placed
@@ -184,7 +227,7 @@ def place(array: Any, like: Any) -> jax.Array:
         jax.device_put(array) if sharding is None else jax.device_put(array, sharding)
     )
     if getattr(like, "weak_type", False):
-        placed = _as_weak(placed)
+        placed = as_weak(placed)
     # The transfer is asynchronous and keeps the host buffer alive until done:
     # waiting bounds host memory to one leaf instead of all leaves in flight.
     return placed.block_until_ready()

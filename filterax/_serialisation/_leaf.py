@@ -21,6 +21,7 @@ from ._arrays import (
     describe_like,
     empty_buffer,
     finish_array,
+    host_copy,
     is_array_template,
     is_jax_template,
     is_key_dtype,
@@ -93,17 +94,21 @@ def _encode_leaf(path: str, leaf: Any) -> tuple[EntryMeta, bytes | memoryview]:
                 "(by `.delete()`, or by donating it to a jitted function). Save "
                 "it before deleting or donating it."
             )
-        if not leaf.is_fully_addressable:
+        key = is_key_dtype(leaf.dtype)
+        data = host_copy(jax.random.key_data(leaf) if key else leaf)
+        if data is None:
             raise TypeError(
-                f"cannot serialise the leaf at {path}: it spans several processes. "
-                "Gather it first, e.g. with "
-                "jax.experimental.multihost_utils.process_allgather."
+                f"cannot serialise the leaf at {path}: it is split across "
+                f"processes (process {jax.process_index()} holds only part of "
+                "it), and tree_serialise_leaves writes one file from the values "
+                "one process holds. Save it with filterax.checkpoint, where "
+                "every process writes its own shards (or gather it first with "
+                "jax.experimental.multihost_utils.process_allgather)."
             )
-        if is_key_dtype(leaf.dtype):
-            data = np.asarray(jax.random.key_data(leaf))
+        if key:
             impl = str(jax.random.key_impl(leaf))
             return _array_entry(path, "key_array", data, impl=impl)
-        return _array_entry(path, "jax_array", np.asarray(leaf))
+        return _array_entry(path, "jax_array", data)
     if isinstance(leaf, np.ndarray):
         return _array_entry(path, "numpy_array", leaf)
     if isinstance(leaf, np.generic):
@@ -188,7 +193,10 @@ def _save_as_numpy(f: BinaryIO, leaf: Any) -> None:
     nothing for any other."""
     if is_ref(leaf):
         leaf = leaf[...]
-    if isinstance(leaf, (jax.Array, np.ndarray, np.generic)) or python_scalar_kind(
+    if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer):
+        data = host_copy(leaf)
+        np.save(f, np.asarray(leaf) if data is None else data)
+    elif isinstance(leaf, (jax.Array, np.ndarray, np.generic)) or python_scalar_kind(
         leaf
     ):
         np.save(f, np.asarray(leaf))

@@ -38,6 +38,9 @@ class SerialisationError(ValueError, RuntimeError):
     """
 
 
+SerialisationError.__module__ = "filterax"
+
+
 def shape_str(dtype: str, shape: tuple[int, ...]) -> str:
     return f"{dtype}[{','.join(map(str, shape))}]"
 

@@ -1,0 +1,35 @@
+"""Checkpoints at scale: sharded, asynchronous, from several hosts, with orbax
+as the engine (the optional extra `pip install "filterax[orbax]"`).
+
+`save(directory, tree)` and `restore(directory, like)` write and read one
+checkpoint; `Checkpointer(directory, keep=...)` saves numbered steps
+asynchronously and restores the latest complete one. For one host and one
+file, `filterax.tree_serialise_leaves` remains the simple default.
+
+- `_describe.py`: the JSON description of a pytree's static part, and its
+  check against `like` (no orbax).
+- `_items.py`: the orbax items of a checkpoint, and the pytree rebuilt from
+  them.
+- `_api.py`: `save` and `restore`.
+- `_checkpointer.py`: `Checkpointer`, on orbax's `CheckpointManager`.
+
+May import: `jax`, `numpy`, `orbax.checkpoint`, and the filterax layers below
+the public surface (`_filters`, `_serialisation`). Nothing in filterax imports
+this package: `import filterax` never imports orbax.
+"""
+
+try:
+    import orbax.checkpoint as _orbax_checkpoint  # noqa: F401
+except ModuleNotFoundError as _error:
+    if not (_error.name or "").startswith("orbax"):
+        raise
+    raise ModuleNotFoundError(
+        "filterax.checkpoint needs orbax-checkpoint, which is not installed: "
+        'pip install "filterax[orbax]"',
+        name=_error.name,
+    ) from _error
+
+from ._api import restore as restore, save as save
+from ._checkpointer import Checkpointer as Checkpointer
+
+__all__ = ["Checkpointer", "restore", "save"]
