@@ -43,16 +43,32 @@ sides alike): what remains is the work of the call itself, without the
 collections that the objects a call creates (returned Modules, arrays) bring
 on.
 
+Then the **matrix** (issue 30), so that no shape of model is missed: every
+Module class {plain, a static field holding a float / a function / a default,
+a function in an ordinary field, a converter, a custom `__init__`,
+`__check_init__`, a `NonDifferentiable` buffer, a `jax.Ref`} x every container
+of the layers {tuple, list, dict, nested Modules} x every way of handing the
+model to `filter_jit` {function, lambda, closure, the Module itself, a bound
+method, `filter_jit` as a decorator on a method}. Each row gives the dispatch
+ratio to the flat-list floor, `jax.jit` called on the same pytree (the share
+that is JAX's own cost of nested nodes; `n/a` where JAX cannot take a
+function leaf), and flatten and unflatten as ratios to the same tree of
+`jax.tree_util.register_dataclass` classes.
+
 Run: `python benchmarks/bench_dispatch.py [--rounds R] [--calls C] [--clock C]
-[--gc on|off]`.
+[--gc on|off] [--only rows|matrix] [--quick]` (`--quick`: N = 64 only and
+fewer rounds).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import gc
 import statistics
 import time
+import timeit
 from collections.abc import Callable
 from typing import Any
 
@@ -311,13 +327,397 @@ def bench(n_arrays: int, rounds: int, calls: int, clock: Callable[[], float]) ->
         )
 
 
+# --- The matrix: every shape of Module, container and callable -------------------
+#
+# Issue 30: a benchmark of a few shapes missed the slow ones. Each row below is a
+# Module class (how a layer keeps its values), a container (how the model holds
+# its layers) and a callable (how it is handed to `filter_jit`).
+
+
+def _relu(x: jax.Array) -> jax.Array:
+    return jax.nn.relu(x)
+
+
+class PlainLayer(fx.Module):
+    weight: jax.Array
+    bias: jax.Array
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jax.nn.relu(self.weight @ x + self.bias)
+
+
+class StaticFloatLayer(fx.Module):
+    weight: jax.Array
+    bias: jax.Array
+    scale: float = fx.field(static=True)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jax.nn.relu(self.weight @ x + self.bias) * self.scale
+
+
+class StaticFunctionLayer(fx.Module):
+    weight: jax.Array
+    bias: jax.Array
+    activation: Callable = fx.field(static=True)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.activation(self.weight @ x + self.bias)
+
+
+class StaticDefaultLayer(fx.Module):
+    weight: jax.Array
+    bias: jax.Array
+    activation: Callable = fx.field(static=True, default=jax.nn.relu)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.activation(self.weight @ x + self.bias)
+
+
+class FunctionFieldLayer(fx.Module):
+    weight: jax.Array
+    bias: jax.Array
+    activation: Callable
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.activation(self.weight @ x + self.bias)
+
+
+class ConverterLayer(fx.Module):
+    weight: jax.Array
+    bias: jax.Array = fx.field(converter=jnp.asarray)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jax.nn.relu(self.weight @ x + self.bias)
+
+
+class CustomInitLayer(fx.Module):
+    weight: jax.Array
+    bias: jax.Array
+
+    def __init__(self, weight: jax.Array, bias: jax.Array, unused: int = 0):
+        self.weight = weight
+        self.bias = bias
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jax.nn.relu(self.weight @ x + self.bias)
+
+
+class CheckInitLayer(fx.Module):
+    weight: jax.Array
+    bias: jax.Array
+
+    def __check_init__(self) -> None:
+        if self.weight.ndim != 2:
+            raise ValueError("weight must be a matrix")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jax.nn.relu(self.weight @ x + self.bias)
+
+
+class BufferLayer(fx.Module):
+    weight: jax.Array
+    bias: fx.NonDifferentiable
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jax.nn.relu(self.weight @ x + self.bias.value)
+
+
+class RefLayer(fx.Module):
+    weight: jax.Array
+    bias: jax.Ref
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jax.nn.relu(self.weight @ x + self.bias[...])
+
+
+def _layer(kind: str, weight: jax.Array, bias: jax.Array) -> fx.Module:
+    """One layer of the matrix's class `kind`, holding two arrays."""
+    if kind == "plain":
+        return PlainLayer(weight, bias)
+    if kind == "static float":
+        return StaticFloatLayer(weight, bias, 1.0)
+    if kind == "static function":
+        return StaticFunctionLayer(weight, bias, jax.nn.relu)
+    if kind == "static default":
+        return StaticDefaultLayer(weight, bias)
+    if kind == "function field":
+        return FunctionFieldLayer(weight, bias, jax.nn.relu)
+    if kind == "converter":
+        return ConverterLayer(weight, bias)
+    if kind == "custom __init__":
+        return CustomInitLayer(weight, bias)
+    if kind == "__check_init__":
+        return CheckInitLayer(weight, bias)
+    if kind == "NonDifferentiable":
+        return BufferLayer(weight, fx.NonDifferentiable(bias))
+    if kind == "jax.Ref":
+        return RefLayer(weight, jax.new_ref(bias))
+    raise ValueError(kind)
+
+
+LAYER_KINDS = (
+    "plain",
+    "static float",
+    "static function",
+    "static default",
+    "function field",
+    "converter",
+    "custom __init__",
+    "__check_init__",
+    "NonDifferentiable",
+    "jax.Ref",
+)
+
+
+class Stack(fx.Module):
+    """A model holding its layers in a tuple, a list or a dict."""
+
+    layers: Any
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        layers = self.layers
+        for layer in layers.values() if isinstance(layers, dict) else layers:
+            x = layer(x)
+        return x
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        return self(x)
+
+    @fx.filter_jit
+    def compiled_forward(self, x: jax.Array) -> jax.Array:
+        return self(x)
+
+
+class Chain(fx.Module):
+    """A model of nested Modules: a layer, then the rest of the chain."""
+
+    layer: Any  # a layer of the matrix: a callable Module
+    rest: Chain | None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        node: Chain | None = self
+        while node is not None:
+            x = node.layer(x)
+            node = node.rest
+        return x
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        return self(x)
+
+    @fx.filter_jit
+    def compiled_forward(self, x: jax.Array) -> jax.Array:
+        return self(x)
+
+
+CONTAINERS = ("tuple", "list", "dict", "nested Modules")
+CALLABLES = (
+    "function",
+    "lambda",
+    "closure",
+    "Module",
+    "bound method",
+    "filter_jit method",
+)
+
+
+def make_model(kind: str, container: str, n_arrays: int) -> Stack | Chain:
+    """A model of `n_arrays // 2` layers of class `kind`, held as `container`."""
+    layers = [
+        _layer(kind, jnp.full((4, 4), 0.01 * i), jnp.full((4,), 0.01))
+        for i in range(n_arrays // 2)
+    ]
+    if container == "tuple":
+        return Stack(tuple(layers))
+    if container == "list":
+        return Stack(layers)
+    if container == "dict":
+        return Stack({f"layer{i:03d}": layer for i, layer in enumerate(layers)})
+    chain = None
+    for layer in reversed(layers):
+        chain = Chain(layer, chain)
+    assert chain is not None
+    return chain
+
+
+def matrix_call(
+    model: Stack | Chain, how: str
+) -> tuple[Callable[[jax.Array], object], Any]:
+    """`model`'s forward pass through `filter_jit`, handed over as `how`, and
+    the `filter_jit` wrapper it calls: a fresh one each time (but for the
+    decorated method, one per class), so that rows never share routes."""
+    if how == "function":
+        f = fx.filter_jit(apply)
+        return functools.partial(f, model), f
+    if how == "lambda":
+        f = fx.filter_jit(lambda model, x: model(x))
+        return functools.partial(f, model), f
+    if how == "closure":
+        scale = 1.0
+
+        def closure(model: Any, x: jax.Array) -> jax.Array:
+            return model(x) * scale
+
+        f = fx.filter_jit(closure)
+        return functools.partial(f, model), f
+    if how == "Module":
+        f = fx.filter_jit(model)
+        return f, f
+    if how == "bound method":
+        f = fx.filter_jit(model.forward)
+        return f, f
+    if how == "filter_jit method":
+        return model.compiled_forward, type(model).compiled_forward
+    raise ValueError(how)
+
+
+def matrix_floor(model: Any) -> tuple[Callable[[jax.Array], object], list[Any]]:
+    """`jax.jit` of the same forward pass on the flat list of the model's
+    arrays (and Refs), and that list."""
+    leaves, treedef = jax.tree.flatten(model)
+    dynamic = [leaf for leaf in leaves if fx.is_array(leaf) or fx.is_ref(leaf)]
+    mask = [fx.is_array(leaf) or fx.is_ref(leaf) for leaf in leaves]
+    static = [leaf for leaf, keep in zip(leaves, mask) if not keep]
+
+    @jax.jit
+    def floor(dynamic: list[Any], x: jax.Array) -> jax.Array:
+        dynamic_iter, static_iter = iter(dynamic), iter(static)
+        merged = [next(dynamic_iter) if keep else next(static_iter) for keep in mask]
+        return jax.tree.unflatten(treedef, merged)(x)
+
+    return (lambda x: floor(dynamic, x)), dynamic
+
+
+def jax_jit_same_pytree(model: Any) -> Callable[[jax.Array], object] | None:
+    """`jax.jit` called on the model itself, for comparison; `None` where JAX
+    cannot take it (a function leaf)."""
+    if not all(fx.is_array(leaf) or fx.is_ref(leaf) for leaf in jax.tree.leaves(model)):
+        return None
+    f = jax.jit(apply)
+    return lambda x: f(model, x)
+
+
+_MIRRORS: dict[type, type] = {}
+
+
+def mirror(tree: Any) -> Any:
+    """`tree` with every Module replaced by an instance of a frozen dataclass
+    with the same fields, registered with `jax.tree_util.register_dataclass`:
+    the reference for flattening and unflattening."""
+    if isinstance(tree, fx.Module):
+        cls = type(tree)
+        twin = _MIRRORS.get(cls)
+        names = [f.name for f in dataclasses.fields(cls)]
+        if twin is None:
+            twin = dataclasses.make_dataclass(
+                f"Registered{cls.__name__}",
+                [(name, Any) for name in names],
+                frozen=True,
+            )
+            static = [
+                f.name for f in dataclasses.fields(cls) if f.metadata.get("static")
+            ]
+            jax.tree_util.register_dataclass(
+                twin,
+                data_fields=[name for name in names if name not in static],
+                meta_fields=static,
+            )
+            _MIRRORS[cls] = twin
+        return twin(**{name: mirror(getattr(tree, name)) for name in names})
+    if type(tree) in (list, tuple):
+        return type(tree)(mirror(item) for item in tree)
+    if type(tree) is dict:
+        return {key: mirror(value) for key, value in tree.items()}
+    return tree
+
+
+def tree_times(tree: Any, rounds: int, number: int) -> tuple[float, float]:
+    """Best seconds per flatten and per unflatten of `tree`."""
+    leaves, treedef = jax.tree.flatten(tree)
+    flatten = min(
+        timeit.repeat(lambda: jax.tree.flatten(tree), number=number, repeat=rounds)
+    )
+    unflatten = min(
+        timeit.repeat(lambda: treedef.unflatten(leaves), number=number, repeat=rounds)
+    )
+    return flatten / number, unflatten / number
+
+
+def _dispatch_us(
+    calls: list[Callable[[], object]], rounds: int, n: int, clock: Callable[[], float]
+) -> list[float]:
+    """Best per-call time of each of `calls`, their rounds interleaved."""
+    for call in calls:
+        for _ in range(3):
+            jax.block_until_ready(call())
+    best = [float("inf")] * len(calls)
+    for _ in range(rounds):
+        for i, call in enumerate(calls):
+            best[i] = min(best[i], per_call_us(call, n, clock))
+    return best
+
+
+def matrix(
+    sizes: tuple[int, ...], rounds: int, calls: int, clock: Callable[[], float]
+) -> None:
+    """Prints the matrix: per row, `filter_jit`'s dispatch and `jax.jit` on the
+    same pytree as ratios to the flat-list floor, and flatten and unflatten as
+    ratios to the same tree of `register_dataclass` classes."""
+    x = jnp.ones(4)
+    targets = {10: 1.25}
+    for n_arrays in sizes:
+        target = targets.get(n_arrays, 1.10)
+        print(
+            f"matrix, N = {n_arrays} (ratios to the floor, min of {rounds} rounds; "
+            f"dispatch target {target}x, flatten 1.05x (1.10x converter and "
+            "__check_init__), unflatten 1.00x)"
+        )
+        print(
+            f"  {'class':18s} {'container':15s} {'callable':18s} {'dispatch':>8s} "
+            f"{'jax.jit':>8s} {'flatten':>8s} {'unflat':>8s}"
+        )
+        for kind in LAYER_KINDS:
+            for container in CONTAINERS:
+                model = make_model(kind, container, n_arrays)
+                ours_tree = tree_times(model, rounds, 50)
+                ref_tree = tree_times(mirror(model), rounds, 50)
+                floor, _ = matrix_floor(model)
+                same = jax_jit_same_pytree(model)
+                for how in CALLABLES:
+                    ours, _ = matrix_call(model, how)
+                    row = [functools.partial(ours, x), functools.partial(floor, x)]
+                    if same is not None:
+                        row.append(functools.partial(same, x))
+                    times = _dispatch_us(row, rounds, calls, clock)
+                    jax_text = f"{times[2] / times[1]:7.2f}x" if same else "     n/a"
+                    print(
+                        f"  {kind:18s} {container:15s} {how:18s} "
+                        f"{times[0] / times[1]:7.2f}x {jax_text} "
+                        f"{ours_tree[0] / ref_tree[0]:7.2f}x "
+                        f"{ours_tree[1] / ref_tree[1]:7.2f}x"
+                    )
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--gc", choices=["on", "off"], default="on")
+    parser.add_argument(
+        "--only",
+        choices=["rows", "matrix"],
+        default=None,
+        help="run only the named rows or only the matrix (default: both)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="N = 64 only, 5 rounds of 30 calls: about two minutes",
+    )
     options = parser.parse_args()
+    sizes = (10, 64, 204)
+    if options.quick:
+        sizes, options.rounds, options.calls = (64,), 5, 30
     print(
         f"jax {jax.__version__}, backend {jax.default_backend()}, "
         f"clock {options.clock}, gc {options.gc}"
@@ -325,8 +725,12 @@ def main() -> None:
     if options.gc == "off":
         gc.collect()
         gc.disable()
-    for n_arrays in (10, 64, 204):
-        bench(n_arrays, options.rounds, options.calls, CLOCKS[options.clock])
+    clock = CLOCKS[options.clock]
+    if options.only != "matrix":
+        for n_arrays in sizes:
+            bench(n_arrays, options.rounds, options.calls, clock)
+    if options.only != "rows":
+        matrix(sizes, options.rounds, options.calls, clock)
 
 
 if __name__ == "__main__":

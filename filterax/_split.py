@@ -50,6 +50,8 @@ __all__ = [
     "is_module_type",
     "kind_of_type",
     "ModulePart",
+    "Step",
+    "resolve",
     "leaf_kinds",
     "shape_signature",
     "split",
@@ -156,6 +158,7 @@ class StaticPart:
         "__weakref__",
         "_build",
         "_frozen",
+        "_guard_paths",
         "_hash",
         "_input_refs",
         "_merges",
@@ -174,6 +177,7 @@ class StaticPart:
         self._merges = 0
         self._input_refs: tuple[int, ...] | None = None
         self._frozen: bool | None = None
+        self._guard_paths: tuple[tuple[Step, ...], ...] | None | bool = False
         self._module_parts: tuple[ModulePart, ...] | None = None
 
     def merge(self, dynamic: Iterable[Any]) -> Any:
@@ -253,9 +257,28 @@ class StaticPart:
             self._frozen = _frozen_nodes(self.treedef)
         return self._frozen
 
+    def guard_paths(self) -> tuple[tuple[Step, ...], ...] | None:
+        """Where a tree of this structure holds lists and dicts, the only
+        mutable nodes it may have for its flattening to be remembered: one
+        path of `(is_attribute, key)` steps from the root to each (see
+        `resolve`), in flattening order. `None` when the structure holds
+        another node type that is not immutable. Worked out once."""
+        if self._guard_paths is False:
+            found: list[tuple[Step, ...]] = []
+            self._guard_paths = (
+                tuple(found) if _mutable_node_paths(self.treedef, (), found) else None
+            )
+        return self._guard_paths  # type: ignore[return-value]
+
+    def rememberable(self) -> bool:
+        """Whether a tree of this structure flattens the same way for as long
+        as its lists and dicts keep the very same items: `frozen`, or with
+        lists and dicts among its nodes as only mutable ones."""
+        return self.frozen() or self.guard_paths() is not None
+
     def module_parts(self) -> tuple[ModulePart, ...]:
-        """The outermost Modules of frozen structure in a tree of this
-        structure, found through its tuples, lists, dicts and namedtuples: for
+        """The outermost Modules of rememberable structure (see
+        `rememberable`) in a tree of this structure, found through its tuples, lists, dicts and namedtuples: for
         each, where it is and its own `StaticPart`, with traced leaves counted
         as the concrete arrays they become outside the trace. Worked out
         once."""
@@ -347,6 +370,52 @@ def _frozen_nodes(treedef: PyTreeDef) -> bool:
     return all(map(_frozen_nodes, treedef.children()))
 
 
+# A step of a path into a tree: `(True, name)` reads attribute `name` (a
+# Module's field), `(False, key)` item `key` (of a tuple, list or dict).
+Step = tuple[bool, Any]
+
+
+def resolve(tree: Any, path: tuple[Step, ...]) -> Any:
+    """The node of `tree` at `path` (as `StaticPart.guard_paths` gives)."""
+    for is_attribute, key in path:
+        tree = getattr(tree, key) if is_attribute else tree[key]
+    return tree
+
+
+def _mutable_node_paths(
+    treedef: PyTreeDef, path: tuple[Step, ...], found: list[tuple[Step, ...]]
+) -> bool:
+    """Appends to `found` the paths of the lists and dicts in `treedef`;
+    `False` when it holds a node that is neither immutable nor one of
+    those."""
+    data = treedef.node_data()
+    if data is None:
+        return True
+    cls, aux = data
+    children = treedef.children()
+    steps: Sequence[Step]
+    if cls is type(None):
+        return True
+    if is_module_type(cls):
+        steps = [(True, name) for name in cls.__filterax_plan__.data_fields]  # type: ignore[attr-defined]
+    elif cls is list or cls is tuple or _is_namedtuple_node(cls, aux):
+        if cls is list:
+            found.append(path)
+        steps = [(False, index) for index in range(len(children))]
+    elif cls is dict:
+        found.append(path)
+        steps = [(False, key) for key in aux]
+    elif cls in FROZEN_NODE_TYPES:
+        # How to reach its children is not known here: they must not change.
+        return all(map(_frozen_nodes, children))
+    else:
+        return False
+    return all(
+        _mutable_node_paths(child, (*path, step), found)
+        for step, child in zip(steps, children)
+    )
+
+
 def _find_module_parts(
     whole: StaticPart,
     treedef: PyTreeDef,
@@ -365,7 +434,7 @@ def _find_module_parts(
         static_start = leaf_start - dynamic_start
         static = whole.static[static_start : static_start + mask.count(0)]
         part = StaticPart(treedef, mask, static).interned()
-        if part.frozen():
+        if part.rememberable():
             dynamic_end = dynamic_start + part.num_dynamic
             found.append(ModulePart(path, slice(dynamic_start, dynamic_end), part))
         return

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+import jax
 import jax.tree_util as jtu
 
 from .._compat import donation_warning_ignored
@@ -35,6 +36,7 @@ from ._keyed import (
     first_argument_leaf_count,
     raise_if_unhashable,
 )
+from ._layout import Layout, mesh_context
 from ._outputs import MixedOutput
 
 __all__ = ["JitWrapper", "filter_jit"]
@@ -83,11 +85,12 @@ class JitWrapper:
         fun: Callable[..., Any],
         mode: DonateMode,
         known: Compiled | None = None,
+        layout: Layout | None = None,
     ):
         self.fun = fun
         self.mode = mode
         self.donates = mode.donates
-        self.compiled, self.fun_dynamic = compiled_for(fun, mode, known)
+        self.compiled, self.fun_dynamic = compiled_for(fun, mode, known, layout)
         self.__wrapped__ = fun
         for attribute in _COPIED_ATTRIBUTES:
             value = getattr(fun, attribute, _ABSENT)
@@ -328,6 +331,42 @@ _WRAPPER_TYPES: dict[DonateMode, type[JitWrapper]] = {
 }
 
 
+class _ShardedMixin(JitWrapper):
+    """For a `filter_jit` given `in_shardings` or `out_shardings` (its
+    `Compiled` has a layout): arrays not yet committed to devices are placed
+    before the call (see `_layout`). A subclass, so that calls without
+    shardings pay nothing for it."""
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        layout: Layout = self.compiled.layout  # type: ignore[assignment]
+        mesh = layout.explicit_mesh
+        if mesh is not None and jax.sharding.get_abstract_mesh().empty:
+            with mesh_context(mesh):
+                args, kwargs = layout.place(args, kwargs)
+                return super().__call__(*args, **kwargs)
+        args, kwargs = layout.place(args, kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
+        layout: Layout = self.compiled.layout  # type: ignore[assignment]
+        mesh = layout.explicit_mesh
+        if mesh is not None and jax.sharding.get_abstract_mesh().empty:
+            with mesh_context(mesh):
+                return super().lower(*args, **kwargs)
+        return super().lower(*args, **kwargs)
+
+    lower.__doc__ = JitWrapper.lower.__doc__
+
+
+_SHARDED_TYPES: dict[type[JitWrapper], type[JitWrapper]] = {
+    base: type(f"_Sharded{base.__name__.lstrip('_')}", (_ShardedMixin, base), {})
+    for base in {*_WRAPPER_TYPES.values()}
+}
+_SHARDED_WRAPPER_TYPES: dict[DonateMode, type[JitWrapper]] = {
+    mode: _SHARDED_TYPES[base] for mode, base in _WRAPPER_TYPES.items()
+}
+
+
 def _flatten_wrapper(wrapper: JitWrapper) -> tuple[tuple[Any], tuple]:
     return (wrapper.fun,), (type(wrapper), wrapper.mode, wrapper.compiled)
 
@@ -337,7 +376,7 @@ def _unflatten_wrapper(static: tuple, children: Any) -> JitWrapper:
     return wrapper_type(children[0], mode, compiled)
 
 
-for _wrapper_type in {*_WRAPPER_TYPES.values()}:
+for _wrapper_type in {*_WRAPPER_TYPES.values(), *_SHARDED_WRAPPER_TYPES.values()}:
     jtu.register_pytree_with_keys(
         _wrapper_type,
         lambda wrapper: (
@@ -399,14 +438,32 @@ jtu.register_pytree_with_keys(
 
 
 @overload
-def filter_jit(fun: _F, *, donate: Donate = "none") -> _F: ...
+def filter_jit(
+    fun: _F,
+    *,
+    donate: Donate = "none",
+    in_shardings: Any = None,
+    out_shardings: Any = None,
+) -> _F: ...
 
 
 @overload
-def filter_jit(fun: None = None, *, donate: Donate = "none") -> Callable[[_F], _F]: ...
+def filter_jit(
+    fun: None = None,
+    *,
+    donate: Donate = "none",
+    in_shardings: Any = None,
+    out_shardings: Any = None,
+) -> Callable[[_F], _F]: ...
 
 
-def filter_jit(fun: Any = None, *, donate: Donate = "none") -> Any:
+def filter_jit(
+    fun: Any = None,
+    *,
+    donate: Donate = "none",
+    in_shardings: Any = None,
+    out_shardings: Any = None,
+) -> Any:
     """Compiles `fun`, tracing every array it is given and hashing everything else.
 
     Every JAX or NumPy array leaf of the arguments (NumPy scalars and typed key
@@ -438,13 +495,30 @@ def filter_jit(fun: Any = None, *, donate: Donate = "none") -> Any:
       not usable" warning is shown (the other modes silence it). Arrays inside
       `fun` itself (`filter_jit(model, donate="all")`) are donated by every mode
       but `"none"`, as in Equinox.
+    - `in_shardings`: how the array arguments are laid out over devices: a
+      pytree prefix of the pair `(args, kwargs)` (a method decorated in its
+      class body counts `self` among `args`) whose leaves are
+      `jax.sharding.Sharding`s, `PartitionSpec`s (under `jax.set_mesh`) or
+      `None` (unconstrained); a sharding covering a subtree applies to every
+      array in it, and non-array leaves ignore it. Arrays not yet committed to
+      devices (fresh ones, NumPy arrays) are placed on theirs before the call,
+      replicated on the mesh when unconstrained; an array committed elsewhere
+      is resharded inside the compiled function. `None` (default): as given.
+    - `out_shardings`: likewise, a prefix of the output. Output subtrees it
+      leaves unconstrained that have the structure, shapes and dtypes of an
+      argument given shardings (an updated model, or optax's `mu` and `nu`
+      built by `init`) are laid out like that argument; other arrays are left
+      to XLA, on the mesh of the inputs.
 
     **Returns:** the compiled function, a pytree whose child is `fun`, with a
     `.lower(*args, **kwargs)` method for ahead-of-time compilation.
 
-    **Raises:** `ValueError` for an unknown `donate`. When called: `TypeError`
-    naming the argument's key path (like `args[1]['opts']`) if a non-array leaf
-    is unhashable.
+    **Raises:** `ValueError` for an unknown `donate`; `TypeError` if a leaf of
+    `in_shardings` or `out_shardings` is no sharding (naming where). When
+    called: `TypeError` naming the argument's key path (like
+    `args[1]['opts']`) if a non-array leaf is unhashable; `ValueError` naming
+    the key path where `in_shardings` or `out_shardings` is not a prefix of
+    the arguments or output.
 
     ```python
     >>> import jax.numpy as jnp
@@ -456,15 +530,42 @@ def filter_jit(fun: Any = None, *, donate: Donate = "none") -> Any:
     {'label': 'DOUBLED', 'value': Array([0., 2., 4.], dtype=float32)}
 
     ```
+
+    With shardings: a batch split over a mesh's `"data"` axis, the
+    parameters replicated, the output kept split.
+
+    ```python
+    >>> import jax
+    >>> from jax.sharding import NamedSharding, PartitionSpec as P
+    >>> mesh = jax.make_mesh((jax.device_count(),), ("data",))
+    >>> rows, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+    >>> @fx.filter_jit(in_shardings=((replicated, rows), None), out_shardings=rows)
+    ... def predict(params, x):
+    ...     return x @ params["w"] + params["b"]
+    >>> params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    >>> predict(params, jnp.ones((8, 3))).sharding.is_equivalent_to(rows, 2)
+    True
+
+    ```
     """
     mode = DonateMode.parse(donate)
+    layout = None
+    if in_shardings is not None or out_shardings is not None:
+        layout = Layout(in_shardings, out_shardings)
     if fun is None:
-        return functools.partial(filter_jit, donate=donate)
+        return functools.partial(
+            filter_jit,
+            donate=donate,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
+        )
     if not callable(fun):
         raise TypeError(f"filter_jit: expected a callable, got {fun!r}.")
     if type(fun) in TRANSFORM_TYPES:
         _warn_if_it_hides_a_module(fun)
-    return _WRAPPER_TYPES[mode](fun, mode)
+    if layout is None:
+        return _WRAPPER_TYPES[mode](fun, mode)
+    return _SHARDED_WRAPPER_TYPES[mode](fun, mode, None, layout)
 
 
 def _warn_if_it_hides_a_module(fun: Any) -> None:

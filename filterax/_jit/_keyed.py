@@ -11,8 +11,9 @@ A call is described argument by argument, as a flat list of *tokens*:
   flattened, since a tuple is immutable and usually holds few items);
 - `None`: `None`;
 - anything else (a Module, a list, a dict...): its `StaticPart`, with its
-  dynamic leaves. A Module of frozen structure is flattened once and then
-  found again by identity (`_memo`), which is what makes feeding a training
+  dynamic leaves. A Module of frozen structure (or holding lists and dicts
+  that keep their items) is flattened once and then found again by identity
+  (`_memo`), which is what makes feeding a training
   step's outputs back in, or calling a function on one model in a loop, cheap.
 
 The tokens of a call, with the names of its keyword arguments, form the
@@ -41,7 +42,7 @@ from .._split import (
     split_leaves,
 )
 from .._structure import argument_path
-from ._memo import lookup, remember
+from ._memo import guard_holds, lookup, remember
 
 __all__ = [
     "NO_HINTS",
@@ -186,7 +187,11 @@ def describe_items(
             describe_items(value, tokens, dynamic, hints)
             continue
         entry = lookup(id(value))
-        if entry is not None and entry() is value:
+        if (
+            entry is not None
+            and entry() is value
+            and (entry.guard is None or guard_holds(entry.guard))
+        ):
             tokens.append(entry.part)
             dynamic += entry.dynamic
         else:
@@ -225,7 +230,7 @@ def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list) ->
     hint = hints[position] if position < len(hints) else None
     if isinstance(hint, StaticPart) and hint == part:
         part = hint  # its facts (hash, `frozen`, interned) are worked out
-    if is_module_type(cls) and TRACER not in kinds and part.frozen():
+    if is_module_type(cls) and TRACER not in kinds and part.rememberable():
         if part is not hint:
             part = part.interned()
         remember(value, part, values)

@@ -46,9 +46,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
 from .._compat import register_dataclass_node
 from .._filters import is_array, is_inexact_array_like
+from .._pretty import tree_pformat
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
 from .._warnings import GENERATED_FILENAME, warn_at_caller
 from ._field import StaticArrayWarning
@@ -215,7 +217,9 @@ class ClassPlan:
                     f"{getattr(converter, '__name__', converter)!r} raised: {error}"
                 ) from error
         for name in self.meta_fields:
-            check_static_value(cls, name, values[name])
+            value = values[name]
+            if type(value) not in _ALWAYS_HASHABLE:
+                values[name] = check_static_value(cls, name, value)
         if not TRANSFORM_TYPES.isdisjoint(map(type, values.values())):
             warn_if_transformed(instance)
         for name, default in self.not_init_fields:
@@ -302,13 +306,23 @@ def unpickle(cls: type, state: dict[str, Any]) -> Any:
 # --- checks on field values ----------------------------------------------------------
 
 
-def check_static_value(cls: type, name: str, value: Any) -> None:
-    """Warns once per class field about a JAX or NumPy array in a static
-    field (the contract; Equinox warns about JAX arrays). Other unhashable values (a list, a dict) are accepted, as in
-    Equinox: JAX compares static values with `==`."""
+def check_static_value(cls: type, name: str, value: Any) -> Any:
+    """The value to store in static field `cls.name`, given `value`.
+
+    A hashable value is stored as it is. An unhashable one is accepted, as in
+    Equinox (JAX compares static values with `==`), but frozen: lists, dicts
+    and sets become the read-only `FrozenStaticList`, `FrozenStaticDict` and
+    `FrozenStaticSet` (still a `list`, `dict`, `set`), NumPy arrays read-only
+    copies, inside tuples, lists and dicts too. A static value is part of the
+    structure of every program compiled for the Module, and a change made in
+    place after a call would not be seen by a compilation keyed on that same
+    object: the change raises instead, naming the field. A JAX or NumPy array
+    warns, once per class field (the contract; Equinox warns about JAX
+    arrays).
+    """
     try:
         hash(value)
-        return
+        return value
     except TypeError:
         pass
     if any(map(is_array, jax.tree_util.tree_leaves(value))):
@@ -323,11 +337,149 @@ def check_static_value(cls: type, name: str, value: Any) -> None:
                 StaticArrayWarning,
                 stacklevel=4,
             )
-        return
+    return freeze_static(value, f"{cls.__qualname__}.{name}")
 
 
-# Types whose instances are always hashable: a static value of one of these
-# needs no check.
+def freeze_static(value: Any, where: str) -> Any:
+    """`value` with its lists, dicts, sets and NumPy arrays (inside tuples,
+    lists and dicts too) replaced by read-only equivalents; `where` names it
+    in the error that a change raises."""
+    cls = type(value)
+    if cls is list:
+        return FrozenStaticList(
+            [freeze_static(item, f"{where}[{i}]") for i, item in enumerate(value)],
+            where,
+        )
+    if cls is dict:
+        return FrozenStaticDict(
+            {k: freeze_static(v, f"{where}[{k!r}]") for k, v in value.items()},
+            where,
+        )
+    if cls is set:
+        return FrozenStaticSet(value, where)
+    if cls is tuple:
+        items = tuple(
+            freeze_static(item, f"{where}[{i}]") for i, item in enumerate(value)
+        )
+        return value if all(map(_same, items, value)) else items
+    if cls is np.ndarray and (value.flags.writeable or value.base is not None):
+        # A copy: the caller's array may still be changed through other names.
+        frozen = np.array(value, copy=True)
+        frozen.flags.writeable = False
+        return frozen
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b
+
+
+def _refusal(kind: str, method: str) -> Callable[..., Any]:
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"{self.where} is a {kind} held in a static field: part of the "
+            "structure of every program compiled for the Module, so it cannot "
+            f"be changed in place (`{method}`), as code compiled before would "
+            "not see the change. Build a new Module with a new value instead "
+            f"(`{kind}(...)` of this one gives a mutable copy)."
+        )
+
+    refuse.__name__ = method
+    return refuse
+
+
+class FrozenStaticList(list):
+    """A list stored in a static field: reads as a `list`, refuses changes
+    (`TypeError` naming the field), hashable by its items."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, items: Any = (), where: str = "a static value"):
+        list.__init__(self, items)
+        self.where = where
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (list(self), self.where)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+    def __tree_pformat__(self) -> str:
+        return tree_pformat(list(self))
+
+
+class FrozenStaticDict(dict):
+    """A dict stored in a static field: reads as a `dict`, refuses changes
+    (`TypeError` naming the field), hashable by its items."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, items: Any = (), where: str = "a static value"):
+        dict.__init__(self, items)
+        self.where = where
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (dict(self), self.where)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+    def __tree_pformat__(self) -> str:
+        return tree_pformat(dict(self))
+
+
+class FrozenStaticSet(set):
+    """A set stored in a static field: reads as a `set`, refuses changes
+    (`TypeError` naming the field), hashable by its items."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, items: Any = (), where: str = "a static value"):
+        set.__init__(self, items)
+        self.where = where
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (set(self), self.where)
+
+    def __repr__(self) -> str:
+        return repr(set(self))
+
+    def __tree_pformat__(self) -> str:
+        return tree_pformat(set(self))
+
+
+_MUTATORS: dict[type, tuple[str, str]] = {
+    FrozenStaticList: (
+        "list",
+        "__setitem__ __delitem__ __iadd__ __imul__ append extend insert pop "
+        "remove clear sort reverse",
+    ),
+    FrozenStaticDict: (
+        "dict",
+        "__setitem__ __delitem__ __ior__ pop popitem clear update setdefault",
+    ),
+    FrozenStaticSet: (
+        "set",
+        "__iand__ __ior__ __isub__ __ixor__ add discard remove pop clear update "
+        "difference_update intersection_update symmetric_difference_update",
+    ),
+}
+for _frozen_type, (_kind, _methods) in _MUTATORS.items():
+    for _method in _methods.split():
+        setattr(_frozen_type, _method, _refusal(_kind, _method))
+
+
+# Types of static values that need no check: always hashable, or already
+# frozen. Checked by type alone, so JAX's unflatten pays nothing for them.
 _ALWAYS_HASHABLE = frozenset(
     {
         int,
@@ -342,9 +494,20 @@ _ALWAYS_HASHABLE = frozenset(
         type,
         frozenset,
         range,
+        *TRANSFORM_TYPES,  # hashed by identity (`jax.nn.relu` is a custom_jvp)
+        FrozenStaticList,
+        FrozenStaticDict,
+        FrozenStaticSet,
     }
 )
 _MODULE_TYPES: list[type] = []  # filled by `_module.py` with `Module`
+
+# Values of a `TRANSFORM_TYPES` type found to wrap no Module (all of these
+# types hash and compare by identity): a Module built again with the same
+# function, and JAX's unflatten of one, find it here instead of looking
+# through it again. Bounded, as it holds its values.
+_INNOCENT: set[Any] = set()
+_INNOCENT_LIMIT = 4096
 
 
 def warn_if_transformed(instance: Any) -> None:
@@ -354,10 +517,14 @@ def warn_if_transformed(instance: Any) -> None:
     neither traced nor seen by `filter_grad` or an optimiser."""
     module_type = _MODULE_TYPES[0]
     for name, value in instance.__dict__.items():
-        if type(value) not in TRANSFORM_TYPES:
+        if type(value) not in TRANSFORM_TYPES or value in _INNOCENT:
             continue
         inner = wrapped_by_transform(value)
-        if isinstance(inner, module_type):
+        if not isinstance(inner, module_type):
+            if len(_INNOCENT) >= _INNOCENT_LIMIT:
+                _INNOCENT.clear()
+            _INNOCENT.add(value)
+        else:
             warnings.warn(
                 "Possibly assigning a JAX-transformed callable as an attribute on "
                 f"{type(instance).__qualname__}.{name}: it wraps a "
@@ -437,6 +604,7 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
         "_fx_warn_transformed": warn_if_transformed,
         "_fx_check_static": check_static_value,
         "_fx_hashable": _ALWAYS_HASHABLE,
+        "_fx_innocent": _INNOCENT,
         **_BUILTINS,
     }
     annotations: dict[str, Any] = {}
@@ -479,20 +647,23 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
             body.append(f"_fx_d[{f.name!r}] = {f.name}")
     if plan.plain:
         # A plain class checks static values and JAX-transformed Modules in the
-        # generated `__init__` itself, with no finishing step. Both checks are
-        # idempotent, so running them on JAX's unflatten too is harmless.
-        # Written out per field: they also run on every unflatten, where a
-        # `map` over `__dict__` would cost more than storing the fields.
-        # (A plain class has no InitVar and no `init=False` field: every field
-        # is a parameter, read here as a local.)
+        # generated `__init__` itself, with no finishing step. JAX's unflatten
+        # calls this `__init__` too, with values that were checked when the
+        # Module was built: written out per field, the checks then cost a type
+        # lookup per field (static values of a type needing no check, frozen
+        # ones included) and a set lookup per function (`_INNOCENT`),
+        # and never call out. (A plain class has no InitVar and no
+        # `init=False` field: every field is a parameter, read here as a
+        # local.)
         body += [
             f"if _fx_type({name}) not in _fx_hashable: "
-            f"_fx_check_static(_fx_cls, {name!r}, {name})"
+            f"_fx_d[{name!r}] = _fx_check_static(_fx_cls, {name!r}, {name})"
             for name in plan.meta_fields
         ]
         if plan.field_order:
             suspect = " or ".join(
-                f"_fx_type({name}) in _fx_suspect" for name in plan.field_order
+                f"(_fx_type({name}) in _fx_suspect and {name} not in _fx_innocent)"
+                for name in plan.field_order
             )
             body.append(f"if {suspect}: _fx_warn_transformed(_fx_self)")
     params = ["_fx_self", *positional]

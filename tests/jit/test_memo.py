@@ -16,7 +16,7 @@ import optax
 import pytest
 
 import filterax as fx
-from filterax._jit import _memo
+from filterax._jit import _keyed, _memo
 from filterax._jit._keyed import (
     CallKey,
     describe_call,
@@ -44,7 +44,7 @@ class Net(fx.Module):
 
 
 class WithList(fx.Module):
-    weights: list  # a mutable container: never remembered
+    weights: list  # a mutable container: remembered with a guard
 
 
 class Buffered(fx.Module):
@@ -140,13 +140,80 @@ def test_the_memo_never_keeps_an_object_alive() -> None:
     assert len(_memo._ENTRIES) == before
 
 
-def test_mutable_containers_are_flattened_on_every_call() -> None:
+def test_a_module_holding_lists_is_remembered_with_a_guard() -> None:
     model = WithList([jnp.ones(2)])
+    total, traces = counted(lambda m: sum(w.sum() for w in m.weights))
+    assert float(total(model)) == 2.0
+    entry = _memo.lookup(id(model))
+    assert entry is not None and entry.guard is not None
+    assert float(total(model)) == 2.0 and len(traces) == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda weights: weights.append(jnp.full(2, 3.0)),
+        lambda weights: weights.__setitem__(0, jnp.full(2, 3.0)),
+        lambda weights: weights.pop(),
+        lambda weights: weights.insert(0, jnp.full(2, 3.0)),
+    ],
+    ids=["append", "replace", "pop", "insert"],
+)
+def test_a_list_changed_in_place_is_flattened_again(change: Any) -> None:
+    # The Module is only shallowly frozen: its list may change in place.
+    model = WithList([jnp.ones(2), jnp.ones(2)])
     total = fx.filter_jit(lambda m: sum(w.sum() for w in m.weights))
+    assert float(total(model)) == 4.0
+    change(model.weights)
+    expected = float(sum(w.sum() for w in model.weights))
+    assert float(total(model)) == expected
+
+
+def test_a_dict_changed_in_place_is_flattened_again() -> None:
+    class WithDict(fx.Module):
+        weights: dict
+
+    model = WithDict({"a": jnp.ones(2), "b": jnp.ones(2)})
+    total = fx.filter_jit(lambda m: sum(w.sum() for w in m.weights.values()))
+    assert float(total(model)) == 4.0
+    model.weights["a"] = jnp.full(2, 5.0)
+    assert float(total(model)) == 12.0
+    del model.weights["b"]
+    assert float(total(model)) == 10.0
+    model.weights["c"] = jnp.ones(2)
+    assert float(total(model)) == 12.0
+
+
+def test_a_nested_list_changed_in_place_is_flattened_again() -> None:
+    model = WithList([[jnp.ones(2)], (jnp.ones(2), [jnp.ones(2)])])
+    leaves = fx.filter_jit(lambda m: sum(w.sum() for w in jax.tree.leaves(m)))
+    assert float(leaves(model)) == 6.0
+    model.weights[1][1].append(jnp.ones(2))
+    assert float(leaves(model)) == 8.0
+    model.weights[0][0] = jnp.zeros(2)
+    assert float(leaves(model)) == 6.0
+
+
+def test_a_returned_model_holding_a_list_is_remembered() -> None:
+    identity, traces = counted(lambda m: m)
+    out = identity(WithList([jnp.ones(2), Linear(jnp.eye(2), jnp.ones(2))]))
+    entry = _memo.lookup(id(out))
+    assert entry is not None and entry() is out and entry.guard is not None
+    again = identity(out)
+    assert len(traces) == 1
+    assert fx.tree_equal(again, out)
+
+
+def test_a_module_holding_another_mutable_node_is_not_remembered() -> None:
+    class Holder(fx.Module):
+        table: Any
+
+    model = Holder(collections.OrderedDict(a=jnp.ones(2)))
+    total = fx.filter_jit(lambda m: m.table["a"].sum())
     assert float(total(model)) == 2.0
     assert _memo.lookup(id(model)) is None
-    model.weights.append(jnp.full(2, 3.0))  # the Module is shallowly frozen
-    assert float(total(model)) == 8.0
+    model.table["a"] = jnp.full(2, 2.0)
+    assert float(total(model)) == 4.0
 
 
 def test_ref_values_are_read_at_every_call() -> None:
@@ -284,3 +351,29 @@ def test_aot_compiled_calls_check_the_description() -> None:
         compiled(make_net(depth=3), jnp.ones(3))
     with pytest.raises(TypeError, match="differ from the ones it was lowered"):
         compiled(net, jnp.ones(4))  # a TypeError too, as Equinox raises
+
+
+def test_a_list_of_layers_with_static_functions_is_not_flattened_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 30's known case: layers keeping their activation in a static field
+    # with a default, held in a list, called through a lambda.
+    class Layer(fx.Module):
+        weight: jax.Array
+        activation: Any = fx.field(static=True, default=jax.nn.relu)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.activation(self.weight @ x)
+
+    model = WithList([Layer(jnp.eye(2)) for _ in range(4)])
+    forward: Any = fx.filter_jit(lambda m, x: [layer(x) for layer in m.weights][-1])
+    forward(model, jnp.ones(2))
+    flattened: list[Any] = []
+    real_flatten = _keyed.flatten
+    monkeypatch.setattr(
+        _keyed, "flatten", lambda tree: flattened.append(tree) or real_flatten(tree)
+    )
+    for _ in range(3):
+        assert forward(model, jnp.ones(2)).tolist() == [1.0, 1.0]
+    assert flattened == []
+    assert forward.compiled.keyed._cache_size() == 1

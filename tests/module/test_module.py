@@ -12,7 +12,7 @@ import threading
 import typing
 import warnings
 import weakref
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import beartype
 import jax
@@ -24,6 +24,7 @@ import pytest
 from jaxtyping import Array, Float
 
 import filterax as fx
+from filterax._module import _construction
 
 
 class Linear(fx.Module):
@@ -1246,3 +1247,24 @@ def test_fields_named_like_builtins_or_self_construct_and_unflatten(extra: str) 
         1,
         2.0,
     )
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_unflatten_looks_through_no_function(static: bool, monkeypatch) -> None:
+    # Issue 30: JAX's unflatten calls `__init__`; the transformed-function
+    # check made when the Module was built is not redone.
+    class Layer(fx.Module):
+        weight: jax.Array
+        activation: Any = fx.field(static=static, default=jax.nn.relu)
+        other: Any = fx.field(static=static, default=lambda x: x)
+
+    layers = [Layer(jnp.ones(2)) for _ in range(3)]
+    calls: list[Any] = []
+    monkeypatch.setattr(_construction, "wrapped_by_transform", calls.append)
+    leaves, treedef = jax.tree.flatten(layers)
+    rebuilt = jax.tree.unflatten(treedef, leaves)
+    jax.tree.map(lambda x: x + 1 if fx.is_array(x) else x, layers)
+    assert calls == []
+    assert rebuilt[0].activation is jax.nn.relu
+    Layer(jnp.ones(2), lambda x: 2 * x)  # a new function is checked
+    assert len(calls) == 1
