@@ -50,6 +50,19 @@ def _constrain(tracers: list[Any], shardings: list[Any]) -> list[Any]:
     return out
 
 
+def _with_sharding(struct: jax.ShapeDtypeStruct, sharding: Any) -> Any:
+    if isinstance(sharding, jax.sharding.PartitionSpec):
+        mesh = jax.sharding.get_abstract_mesh()
+        sharding = jax.sharding.NamedSharding(mesh, sharding)
+    return jax.ShapeDtypeStruct(
+        struct.shape,
+        struct.dtype,
+        sharding=sharding,
+        weak_type=struct.weak_type,
+        is_ref=getattr(struct, "is_ref", False),
+    )
+
+
 def filter_shard(pytree: Any, sharding: Any) -> Any:
     """Shards the arrays of `pytree`; every other leaf is left alone.
 
@@ -57,7 +70,9 @@ def filter_shard(pytree: Any, sharding: Any) -> Any:
     (`filter_jit`, `jax.jit`...) tracers get a
     `jax.lax.with_sharding_constraint` (or `jax.sharding.reshard` when the
     sharding names `Explicit` mesh axes), telling the compiler how the value
-    must be laid out over the devices. NumPy arrays become JAX arrays.
+    must be laid out over the devices. NumPy arrays become JAX arrays. A
+    `jax.ShapeDtypeStruct` (from an abstract model) gets the sharding as its
+    `sharding`, making a template to build or restore arrays into.
 
     **Arguments:**
 
@@ -65,7 +80,8 @@ def filter_shard(pytree: Any, sharding: Any) -> Any:
     - `sharding`: a `jax.sharding.Sharding` (such as a `NamedSharding`), a
       `jax.Device`, or a `PartitionSpec` under a mesh context; or a pytree
       prefix of `pytree` whose leaves are such specs, or `None` to leave that
-      part of `pytree` alone.
+      part of `pytree` alone: the tree [`sharding_of`][filterax.sharding_of]
+      returns, for instance.
 
     **Returns:** `pytree` with its arrays sharded.
 
@@ -93,7 +109,12 @@ def filter_shard(pytree: Any, sharding: Any) -> Any:
     traced, traced_specs, traced_at = [], [], []
     placed, placed_specs, placed_at = [], [], []
     for index, (leaf, spec) in enumerate(zip(leaves, specs)):
-        if spec is None or not is_array(leaf):
+        if spec is None:
+            continue
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            leaves[index] = _with_sharding(leaf, _as_sharding(spec))
+            continue
+        if not is_array(leaf):
             continue
         if isinstance(leaf, Tracer):
             traced.append(leaf)

@@ -8,7 +8,29 @@ from typing import Any
 
 from .._warnings import warn_deprecated
 
-__all__ = ["StaticArrayWarning", "field", "static_field"]
+__all__ = [
+    "AXES_KEY",
+    "StaticArrayWarning",
+    "check_axes_names",
+    "field",
+    "static_field",
+]
+
+# The metadata key under which `field(axes=...)` stores a field's logical axes.
+AXES_KEY = "axes"
+
+
+def check_axes_names(value: Any, where: str) -> tuple[str | None, ...]:
+    """`value` as a tuple of logical axis names (each a `str` or `None`), or a
+    `TypeError` naming `where` and saying what was expected."""
+    if isinstance(value, (tuple, list)) and all(
+        name is None or isinstance(name, str) for name in value
+    ):
+        return tuple(value)
+    raise TypeError(
+        f"{where}: logical axes must be a tuple with one entry per dimension, "
+        f"each a str (a logical axis name) or None (never split); got {value!r}."
+    )
 
 
 class StaticArrayWarning(UserWarning):
@@ -42,9 +64,10 @@ def field(
     *,
     static: bool = False,
     converter: Callable[[Any], Any] | None = None,
+    axes: tuple[str | None, ...] | None = None,
     **kwargs: Any,
 ) -> Any:
-    """Declares a `Module` field, like `dataclasses.field` with two additions.
+    """Declares a `Module` field, like `dataclasses.field` with three additions.
 
     **Arguments:**
 
@@ -55,13 +78,22 @@ def field(
     - `converter`: a callable applied to the field's value once `__init__` (and
       `__post_init__`) return, before `__check_init__` runs. It is not applied
       when JAX rebuilds a Module from its leaves.
+    - `axes`: logical names for the dimensions of the field's array, one per
+      dimension: a `str` (such as `"embed"`) or `None` (that dimension is never
+      split). A field holding a pytree of arrays gives the names to each array
+      of matching rank (and `("stack", *axes)` to an array with one more
+      dimension: a layer stacked by `filter_vmap`).
+      [`sharding_of`][filterax.sharding_of] maps the names to mesh axes;
+      [`logical_axes`][filterax.logical_axes] reads them. Stored in the field's
+      `metadata["axes"]`.
     - `**kwargs`: passed to `dataclasses.field` (`default`, `default_factory`,
       `init`, `repr`, `kw_only`, `metadata`, ...).
 
     **Returns:** a `dataclasses.Field`.
 
-    **Raises:** `ValueError` if `static` or `converter` is passed inside
-    `metadata`; `TypeError` if `converter` is not callable.
+    **Raises:** `ValueError` if `static`, `converter` or `axes` is passed inside
+    `metadata`, or `axes` is given for a static field; `TypeError` if
+    `converter` is not callable or `axes` is not a tuple of `str`/`None`.
 
     ```python
     >>> import jax.numpy as jnp
@@ -71,15 +103,26 @@ def field(
     ...     name: str = fx.field(static=True, default="scale")
     >>> Scale(2.0)
     Scale(factor=weak_f32[], name='scale')
+    >>> class Table(fx.Module):
+    ...     rows: jnp.ndarray = fx.field(axes=("vocab", "embed"))
+    >>> fx.logical_axes(Table(jnp.zeros((5, 2))))
+    Table(rows=('vocab', 'embed'))
 
     ```
     """
     metadata = dict(kwargs.pop("metadata", None) or {})
-    if "static" in metadata or "converter" in metadata:
+    if "static" in metadata or "converter" in metadata or AXES_KEY in metadata:
         raise ValueError(
-            "Pass `static` and `converter` as arguments of filterax.field, not "
-            "inside `metadata`."
+            "Pass `static`, `converter` and `axes` as arguments of filterax.field, "
+            "not inside `metadata`."
         )
+    if axes is not None:
+        if static:
+            raise ValueError(
+                "field(axes=...) names the dimensions of an array field; a static "
+                "field holds no arrays."
+            )
+        metadata[AXES_KEY] = check_axes_names(axes, "field(axes=...)")
     if static:
         metadata["static"] = True
     if converter is not None:

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike
 
 from .._module import Module
+from .._sharding import axes_overrides_field, layer_axes
 
 __all__ = ["PReLU"]
 
@@ -21,6 +22,9 @@ class PReLU(Module):
       element; a Python float is stored weakly typed, so the output keeps the
       dtype of the input), or an array broadcasting against the input, e.g.
       one slope per channel of shape `(channels,)`.
+    - `axes`: logical axes replacing the default of `negative_slope` (keyword
+      only): `"channel"` for its last dimension, `None` for the others; see
+      [`sharding_of`][filterax.sharding_of].
 
     **Returns:** the layer.
 
@@ -36,8 +40,14 @@ class PReLU(Module):
     """
 
     negative_slope: Array
+    axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = axes_overrides_field()
 
-    def __init__(self, init_alpha: ArrayLike = 0.25):
+    def __init__(
+        self,
+        init_alpha: ArrayLike = 0.25,
+        *,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
+    ):
         try:
             slope = jnp.asarray(init_alpha)
         except TypeError:
@@ -45,6 +55,11 @@ class PReLU(Module):
                 f"PReLU: `init_alpha` must be a number or an array, got {init_alpha!r}."
             ) from None
         self.negative_slope = slope
+        names = (*((None,) * (slope.ndim - 1)), "channel") if slope.ndim else ()
+        # The rank is `init_alpha`'s, so the names live on the instance.
+        self.axes = layer_axes(
+            "PReLU", axes, {"negative_slope": names}, keep_defaults=True
+        )
 
     def __call__(self, x: ArrayLike) -> Array:
         """Applies the activation elementwise.

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .._module import Module, field
+from .._sharding import sublayer_axes
 from .._state import RngStream
 from ._dropout import Dropout, _deprecated_deterministic, _dropout_active
 from ._linear import Linear, statistics_dtype
@@ -138,6 +139,16 @@ def dot_product_attention(
     return jnp.einsum("sS,Sd->sd", weights, value)
 
 
+# Tensor parallelism over heads (Megatron's split): the projections into heads
+# split their output, the projection out of them its input.
+_ATTENTION_AXES: dict[str, dict[str, tuple[str | None, ...]]] = {
+    "query_proj": {"weight": ("heads", "embed"), "bias": ("heads",)},
+    "key_proj": {"weight": ("heads", "embed"), "bias": ("heads",)},
+    "value_proj": {"weight": ("heads", "embed"), "bias": ("heads",)},
+    "output_proj": {"weight": ("embed", "heads"), "bias": ("embed",)},
+}
+
+
 class MultiheadAttention(Module):
     """Multi-head scaled dot-product attention.
 
@@ -166,6 +177,13 @@ class MultiheadAttention(Module):
     - `dtype`: the dtype of every parameter; defaults to float32 (float64 when
       JAX's x64 mode is on).
     - `key`: the PRNG key for initialisation (keyword only).
+    - `axes`: logical axes of the projections' parameters replacing the
+      defaults (keyword only), by field name (`"query_proj"`, `"key_proj"`,
+      `"value_proj"`, `"output_proj"`), each an `axes=` mapping for
+      [`Linear`][filterax.nn.Linear]. The defaults split over heads: the
+      query, key and value projections `weight: ("heads", "embed")`, `bias:
+      ("heads",)`; the output projection `weight: ("embed", "heads")`, `bias:
+      ("embed",)`. See [`sharding_of`][filterax.sharding_of].
 
     **Returns:** calling the layer on `(query, key_, value)` of shapes
     `(q_seq, query_size)`, `(kv_seq, key_size)`, `(kv_seq, value_size)` returns
@@ -221,7 +239,9 @@ class MultiheadAttention(Module):
         dtype: Any = None,
         *,
         key: PRNGKeyArray,
+        axes: dict[str, dict[str, tuple[str | None, ...]]] | None = None,
     ):
+        roles = sublayer_axes("MultiheadAttention", axes, _ATTENTION_AXES)
         if (
             isinstance(num_heads, bool)
             or not isinstance(num_heads, numbers.Integral)
@@ -238,16 +258,36 @@ class MultiheadAttention(Module):
         vo_size = query_size // num_heads if vo_size is None else vo_size
         query_key, key_key, value_key, output_key = jax.random.split(key, 4)
         self.query_proj = Linear(
-            query_size, num_heads * qk_size, use_query_bias, dtype, key=query_key
+            query_size,
+            num_heads * qk_size,
+            use_query_bias,
+            dtype,
+            key=query_key,
+            axes=roles["query_proj"],
         )
         self.key_proj = Linear(
-            key_size, num_heads * qk_size, use_key_bias, dtype, key=key_key
+            key_size,
+            num_heads * qk_size,
+            use_key_bias,
+            dtype,
+            key=key_key,
+            axes=roles["key_proj"],
         )
         self.value_proj = Linear(
-            value_size, num_heads * vo_size, use_value_bias, dtype, key=value_key
+            value_size,
+            num_heads * vo_size,
+            use_value_bias,
+            dtype,
+            key=value_key,
+            axes=roles["value_proj"],
         )
         self.output_proj = Linear(
-            num_heads * vo_size, output_size, use_output_bias, dtype, key=output_key
+            num_heads * vo_size,
+            output_size,
+            use_output_bias,
+            dtype,
+            key=output_key,
+            axes=roles["output_proj"],
         )
         self.dropout = Dropout(dropout_p, inference=inference)
         self.num_heads = num_heads

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Inexact, Int, PRNGKeyArray
 
 from .._module import field
+from .._sharding import axes_overrides_field, declared_axes, layer_axes
 from .._warnings import warn_at_caller
 from ._linear import default_floating_dtype
 from ._sequential import StatefulLayer
@@ -59,11 +60,17 @@ class BatchNorm(StatefulLayer):
     - `mode`: `"ema"` or `"batch"`, as above. When left out (or `"legacy"`,
       Equinox's default value) it is `"ema"`, and a warning recommends
       choosing (`"batch"` for new code).
+    - `axes`: logical axes replacing the defaults for this layer, by field name
+      (keyword only). `weight`, `bias` and the running statistics
+      (`ema_state_index`, `batch_state_index`: their arrays, in the model's
+      `State` too) default to `("channel",)`; see
+      [`sharding_of`][filterax.sharding_of].
 
     **Returns:** the layer. Build it with
     [`make_with_state`][filterax.nn.make_with_state] to get its state.
 
-    **Raises:** `ValueError` for an unknown `mode`.
+    **Raises:** `ValueError` for an unknown `mode`, or for `axes` naming another
+    field or giving the wrong number of names.
 
     ```python
     >>> import jax, jax.numpy as jnp
@@ -81,12 +88,12 @@ class BatchNorm(StatefulLayer):
     ```
     """
 
-    weight: Inexact[Array, " input_size"] | None
-    bias: Inexact[Array, " input_size"] | None
+    weight: Inexact[Array, " input_size"] | None = field(axes=("channel",))
+    bias: Inexact[Array, " input_size"] | None = field(axes=("channel",))
     ema_first_time_index: StateIndex[Bool[Array, ""]] | None
-    ema_state_index: StateIndex[_Statistics] | None
+    ema_state_index: StateIndex[_Statistics] | None = field(axes=("channel",))
     batch_counter: StateIndex[Int[Array, ""]] | None
-    batch_state_index: StateIndex[_Statistics] | None
+    batch_state_index: StateIndex[_Statistics] | None = field(axes=("channel",))
     axis_name: Hashable | Sequence[Hashable]
     inference: bool
     input_size: int = field(static=True)
@@ -94,6 +101,7 @@ class BatchNorm(StatefulLayer):
     channelwise_affine: bool = field(static=True)
     momentum: float = field(static=True)
     mode: Literal["ema", "batch"] = field(static=True)
+    axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = axes_overrides_field()
 
     def __init__(
         self,
@@ -105,7 +113,10 @@ class BatchNorm(StatefulLayer):
         inference: bool = False,
         dtype: Any = None,
         mode: Literal["ema", "batch", "legacy"] | None = None,
+        *,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
+        self.axes = layer_axes("BatchNorm", axes, declared_axes(type(self)))
         if mode is None or mode == "legacy":  # Equinox's name for "not given"
             warn_at_caller(
                 "BatchNorm(mode=...) was not given, so it is 'ema' (the historical "

@@ -20,6 +20,7 @@ from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from .._ad import unfrozen
 from .._module import Module, field
+from .._sharding import axes_overrides_field, layer_axes
 from ._linear import uniform_init
 
 __all__ = [
@@ -208,6 +209,17 @@ def _convolve(
     return out
 
 
+def _conv_axes(
+    layer: str, axes: dict[str, tuple[str | None, ...]] | None, spatial: int
+) -> tuple[tuple[str, tuple[str | None, ...]], ...] | None:
+    # The ranks depend on `num_spatial_dims`, so the names live on the instance.
+    defaults = {
+        "weight": ("out", "in", *((None,) * spatial)),
+        "bias": ("out", *((None,) * spatial)),
+    }
+    return layer_axes(layer, axes, defaults, keep_defaults=True)
+
+
 class Conv(Module):
     """A convolution over `num_spatial_dims` spatial dimensions.
 
@@ -237,6 +249,10 @@ class Conv(Module):
     - `dtype`: dtype of the parameters, floating or complex; defaults to
       `float32` (`float64` when JAX's x64 mode is on).
     - `key`: a PRNG key for the initialisation (keyword only).
+    - `axes`: logical axes replacing the defaults for this layer, by field name
+      (keyword only). The defaults are `weight: ("out", "in", None, ...)` and
+      `bias: ("out", None, ...)`: the kernel's spatial dimensions are small and
+      never split. See [`sharding_of`][filterax.sharding_of].
 
     **Returns:** the layer. Calling it on `x` of shape `(in_channels, *spatial)`
     returns an array of shape `(out_channels, *new_spatial)`.
@@ -268,6 +284,7 @@ class Conv(Module):
     groups: int = field(static=True)
     use_bias: bool = field(static=True)
     padding_mode: str = field(static=True)
+    axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = axes_overrides_field()
 
     def __init__(
         self,
@@ -284,12 +301,14 @@ class Conv(Module):
         dtype: DTypeLike | None = None,
         *,
         key: PRNGKeyArray,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
         kernel_size = _parse_ints(kernel_size, num_spatial_dims, "kernel_size", 1)
         _check_groups(in_channels, out_channels, groups)
         self.weight, self.bias = _init_weight_and_bias(
             key, in_channels, out_channels, kernel_size, groups, use_bias, dtype
         )
+        self.axes = _conv_axes(type(self).__name__, axes, len(kernel_size))
         self.num_spatial_dims = num_spatial_dims
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -361,6 +380,7 @@ class _ConvNd(Conv):
         dtype: DTypeLike | None = None,
         *,
         key: PRNGKeyArray,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
         super().__init__(
             self._num_spatial_dims,
@@ -375,6 +395,7 @@ class _ConvNd(Conv):
             padding_mode,
             dtype,
             key=key,
+            axes=axes,
         )
 
 
@@ -384,7 +405,7 @@ class Conv1d(_ConvNd):
 
     **Arguments:** as for `Conv`, without `num_spatial_dims`: `in_channels`,
     `out_channels`, `kernel_size`, `stride=1`, `padding=0`, `dilation=1`,
-    `groups=1`, `use_bias=True`, `padding_mode="ZEROS"`, `dtype=None`, `key`.
+    `groups=1`, `use_bias=True`, `padding_mode="ZEROS"`, `dtype=None`, `key`, `axes`.
 
     **Returns:** the layer, mapping `(in_channels, length)` to
     `(out_channels, new_length)`.
@@ -410,7 +431,7 @@ class Conv2d(_ConvNd):
 
     **Arguments:** as for `Conv`, without `num_spatial_dims`: `in_channels`,
     `out_channels`, `kernel_size`, `stride=1`, `padding=0`, `dilation=1`,
-    `groups=1`, `use_bias=True`, `padding_mode="ZEROS"`, `dtype=None`, `key`.
+    `groups=1`, `use_bias=True`, `padding_mode="ZEROS"`, `dtype=None`, `key`, `axes`.
 
     **Returns:** the layer, mapping `(in_channels, height, width)` to
     `(out_channels, new_height, new_width)`.
@@ -436,7 +457,7 @@ class Conv3d(_ConvNd):
 
     **Arguments:** as for `Conv`, without `num_spatial_dims`: `in_channels`,
     `out_channels`, `kernel_size`, `stride=1`, `padding=0`, `dilation=1`,
-    `groups=1`, `use_bias=True`, `padding_mode="ZEROS"`, `dtype=None`, `key`.
+    `groups=1`, `use_bias=True`, `padding_mode="ZEROS"`, `dtype=None`, `key`, `axes`.
 
     **Returns:** the layer, mapping `(in_channels, depth, height, width)` to
     `(out_channels, new_depth, new_height, new_width)`.
@@ -488,6 +509,10 @@ class ConvTranspose(Module):
     - `dtype`: dtype of the parameters, floating or complex; defaults to
       `float32` (`float64` when JAX's x64 mode is on).
     - `key`: a PRNG key for the initialisation (keyword only).
+    - `axes`: logical axes replacing the defaults for this layer, by field name
+      (keyword only). The defaults are `weight: ("out", "in", None, ...)` and
+      `bias: ("out", None, ...)`: the kernel's spatial dimensions are small and
+      never split. See [`sharding_of`][filterax.sharding_of].
 
     **Returns:** the layer. Calling it on `x` of shape `(in_channels, *spatial)`
     returns an array of shape `(out_channels, *new_spatial)`.
@@ -522,6 +547,7 @@ class ConvTranspose(Module):
     groups: int = field(static=True)
     use_bias: bool = field(static=True)
     padding_mode: str = field(static=True)
+    axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = axes_overrides_field()
 
     def __init__(
         self,
@@ -539,6 +565,7 @@ class ConvTranspose(Module):
         dtype: DTypeLike | None = None,
         *,
         key: PRNGKeyArray,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
         n = num_spatial_dims
         kernel_size = _parse_ints(kernel_size, n, "kernel_size", 1)
@@ -569,6 +596,7 @@ class ConvTranspose(Module):
         self.weight, self.bias = _init_weight_and_bias(
             key, in_channels, out_channels, kernel_size, groups, use_bias, dtype
         )
+        self.axes = _conv_axes(type(self).__name__, axes, len(kernel_size))
         self.num_spatial_dims = n
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -670,6 +698,7 @@ class _ConvTransposeNd(ConvTranspose):
         dtype: DTypeLike | None = None,
         *,
         key: PRNGKeyArray,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
         super().__init__(
             self._num_spatial_dims,
@@ -685,6 +714,7 @@ class _ConvTransposeNd(ConvTranspose):
             padding_mode,
             dtype,
             key=key,
+            axes=axes,
         )
 
 
@@ -695,7 +725,7 @@ class ConvTranspose1d(_ConvTransposeNd):
     **Arguments:** as for `ConvTranspose`, without `num_spatial_dims` and with
     `output_padding` third (as in Equinox): `in_channels`, `out_channels`,
     `kernel_size`, `stride=1`, `output_padding=0`, `padding=0`, `dilation=1`,
-    `groups=1`, `use_bias=True`, `padding_mode="ZEROS"`, `dtype=None`, `key`.
+    `groups=1`, `use_bias=True`, `padding_mode="ZEROS"`, `dtype=None`, `key`, `axes`.
 
     **Returns:** the layer, mapping `(in_channels, length)` to
     `(out_channels, new_length)`.
@@ -722,7 +752,7 @@ class ConvTranspose2d(_ConvTransposeNd):
     **Arguments:** as for `ConvTranspose`, without `num_spatial_dims` and with
     `output_padding` third (as in Equinox): `in_channels`, `out_channels`,
     `kernel_size`, `stride=1`, `output_padding=0`, `padding=0`, `dilation=1`,
-    `groups=1`, `use_bias=True`, `padding_mode="ZEROS"`, `dtype=None`, `key`.
+    `groups=1`, `use_bias=True`, `padding_mode="ZEROS"`, `dtype=None`, `key`, `axes`.
 
     **Returns:** the layer, mapping `(in_channels, height, width)` to
     `(out_channels, new_height, new_width)`.
@@ -750,7 +780,7 @@ class ConvTranspose3d(_ConvTransposeNd):
     **Arguments:** as for `ConvTranspose`, without `num_spatial_dims` and with
     `output_padding` third (as in Equinox): `in_channels`, `out_channels`,
     `kernel_size`, `stride=1`, `output_padding=0`, `padding=0`, `dilation=1`,
-    `groups=1`, `use_bias=True`, `padding_mode="ZEROS"`, `dtype=None`, `key`.
+    `groups=1`, `use_bias=True`, `padding_mode="ZEROS"`, `dtype=None`, `key`, `axes`.
 
     **Returns:** the layer, mapping `(in_channels, depth, height, width)` to
     `(out_channels, new_depth, new_height, new_width)`.

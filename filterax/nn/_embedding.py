@@ -10,6 +10,7 @@ from jaxtyping import Array, ArrayLike, Inexact, Int, PRNGKeyArray
 
 from .._filters import is_array_like
 from .._module import Module, field
+from .._sharding import axes_overrides_field, declared_axes, layer_axes
 from ._linear import check_key, default_floating_dtype, non_negative_int
 
 __all__ = ["Embedding"]
@@ -30,11 +31,14 @@ class Embedding(Module):
     - `dtype`: the dtype of a drawn table. Defaults to `float32`, or `float64`
       when `jax_enable_x64` is on.
     - `key`: a PRNG key for drawing the table (keyword only).
+    - `axes`: logical axes replacing the default `weight: ("vocab", "embed")`
+      for this layer (keyword only); see [`sharding_of`][filterax.sharding_of].
 
     **Returns:** the layer.
 
     **Raises:** `ValueError` when neither `weight` nor the sizes and key are
-    given, or when `weight` is not two-dimensional or does not match the sizes.
+    given, when `weight` is not two-dimensional or does not match the sizes, or
+    when `axes` names another field or gives the wrong number of names.
 
     ```python
     >>> import jax, jax.numpy as jnp
@@ -52,7 +56,10 @@ class Embedding(Module):
 
     num_embeddings: int = field(static=True)
     embedding_size: int = field(static=True)
-    weight: Inexact[Array, "num_embeddings embedding_size"]
+    weight: Inexact[Array, "num_embeddings embedding_size"] = field(
+        axes=("vocab", "embed")
+    )
+    axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = axes_overrides_field()
 
     def __init__(
         self,
@@ -62,7 +69,9 @@ class Embedding(Module):
         dtype: Any = None,
         *,
         key: PRNGKeyArray | None = None,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
+        self.axes = layer_axes("Embedding", axes, declared_axes(type(self)))
         if weight is None:
             if num_embeddings is None or embedding_size is None or key is None:
                 raise ValueError(

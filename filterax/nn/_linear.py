@@ -14,6 +14,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Inexact, PRNGKeyArray
 
 from .._module import Module, field
+from .._sharding import axes_overrides_field, declared_axes, layer_axes
 
 __all__ = ["Identity", "Linear"]
 
@@ -110,9 +111,16 @@ class Linear(Module):
     - `dtype`: the dtype of the parameters (floating or complex). Defaults to
       `float32`, or `float64` when `jax_enable_x64` is on.
     - `key`: a PRNG key for the initialisation (keyword only).
+    - `axes`: logical axes replacing the defaults for this layer, by field name
+      (keyword only), e.g. `dict(weight=("mlp", "embed"), bias=("mlp",))`.
+      The defaults are `weight: ("out", "in")` and `bias: ("out",)`; see
+      [`sharding_of`][filterax.sharding_of].
 
     **Returns:** the layer. Call it on one vector; use
     [`filter_vmap`][filterax.filter_vmap] or `jax.vmap` for a batch.
+
+    **Raises:** `ValueError` when `axes` names another field or gives the
+    wrong number of names.
 
     ```python
     >>> import jax, jax.numpy as jnp
@@ -129,11 +137,12 @@ class Linear(Module):
     ```
     """
 
-    weight: Inexact[Array, "out_features in_features"]
-    bias: Inexact[Array, " out_features"] | None
+    weight: Inexact[Array, "out_features in_features"] = field(axes=("out", "in"))
+    bias: Inexact[Array, " out_features"] | None = field(axes=("out",))
     in_features: int | Literal["scalar"] = field(static=True)
     out_features: int | Literal["scalar"] = field(static=True)
     use_bias: bool = field(static=True)
+    axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = axes_overrides_field()
 
     def __init__(
         self,
@@ -143,7 +152,9 @@ class Linear(Module):
         dtype: Any = None,
         *,
         key: PRNGKeyArray,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
+        self.axes = layer_axes("Linear", axes, declared_axes(type(self)))
         in_features = _check_features(in_features, "in_features")
         out_features = _check_features(out_features, "out_features")
         check_key(key, "Linear")

@@ -13,6 +13,7 @@ from jaxtyping import Array, ArrayLike, PRNGKeyArray
 from .._filters import is_array
 from .._mapping import filter_vmap
 from .._module import Module, field
+from .._sharding import sublayer_axes
 from ._linear import Linear, check_key, non_negative_int
 
 __all__ = ["MLP"]
@@ -29,6 +30,15 @@ def _apply(activation: Callable[[Any], Any], x: Any) -> Any:
 # Maps an activation over the neurons of a layer: a learnt activation holds one
 # copy of its parameters per neuron (stacked on axis 0), a plain function none.
 _per_neuron = filter_vmap(_apply)
+
+
+# By default every layer keeps `Linear`'s own names, so that an MLP's layers
+# are the very `Linear`s (same static part) that Equinox's MLP holds.
+_MLP_AXES: dict[str, dict[str, tuple[str | None, ...]]] = {
+    "first": {},
+    "hidden": {},
+    "last": {},
+}
 
 
 class MLP(Module):
@@ -63,6 +73,14 @@ class MLP(Module):
       run them with `jax.lax.scan` (keyword only): tracing and compiling then
       cost the same at every depth. `layers` is then `(first, middle, last)`.
     - `key`: a PRNG key for the initialisation (keyword only).
+    - `axes`: logical axes of the layers' parameters replacing `Linear`'s
+      defaults (`weight: ("out", "in")`, `bias: ("out",)`; keyword only), by
+      role: `"first"`, `"hidden"` (every middle layer) and `"last"`, each an
+      `axes=` mapping for [`Linear`][filterax.nn.Linear]. For tensor
+      parallelism name the hidden dimension, e.g. `dict(first=dict(weight=("mlp",
+      "embed"), bias=("mlp",)), last=dict(weight=("embed", "mlp")))`, and map `"mlp"` to a mesh axis: see
+      [`sharding_of`][filterax.sharding_of]. With `depth=0` the one layer
+      takes `"first"`'s names.
 
     **Returns:** the model.
 
@@ -106,19 +124,46 @@ class MLP(Module):
         *,
         scan: bool = False,
         key: PRNGKeyArray,
+        axes: dict[str, dict[str, tuple[str | None, ...]]] | None = None,
     ):
         depth = non_negative_int(depth, "MLP", "depth")
         check_key(key, "MLP")
+        roles = sublayer_axes("MLP", axes, _MLP_AXES)
         keys = jax.random.split(key, depth + 1)
 
         def hidden(layer_key: Any) -> Linear:
-            return Linear(width_size, width_size, use_bias, dtype, key=layer_key)
+            return Linear(
+                width_size,
+                width_size,
+                use_bias,
+                dtype,
+                key=layer_key,
+                axes=roles["hidden"],
+            )
 
         if depth == 0:
-            layers = [Linear(in_size, out_size, use_final_bias, dtype, key=keys[0])]
+            layers = [
+                Linear(
+                    in_size,
+                    out_size,
+                    use_final_bias,
+                    dtype,
+                    key=keys[0],
+                    axes=roles["first"],
+                )
+            ]
         else:
-            first = Linear(in_size, width_size, use_bias, dtype, key=keys[0])
-            last = Linear(width_size, out_size, use_final_bias, dtype, key=keys[-1])
+            first = Linear(
+                in_size, width_size, use_bias, dtype, key=keys[0], axes=roles["first"]
+            )
+            last = Linear(
+                width_size,
+                out_size,
+                use_final_bias,
+                dtype,
+                key=keys[-1],
+                axes=roles["last"],
+            )
             if scan:
                 middle = [filter_vmap(hidden)(keys[1:depth])]
             else:

@@ -17,6 +17,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
+from .._sharding import axes_overrides_field, declared_axes, layer_axes
 from .._warnings import warn_deprecated
 from ._linear import statistics_dtype
 from ._stateful import _NO_STATE
@@ -71,6 +72,15 @@ def _affine_output(
     return out if state is _NO_STATE else (out, state)
 
 
+def _feature_axes(
+    layer: str, axes: dict[str, tuple[str | None, ...]] | None, rank: int
+) -> tuple[tuple[str, tuple[str | None, ...]], ...] | None:
+    # The rank is the input's, so the names live on the instance: the last
+    # dimension (the features, in a transformer the embedding) is "embed".
+    names = (*((None,) * (rank - 1)), "embed") if rank else ()
+    return layer_axes(layer, axes, {"weight": names, "bias": names}, keep_defaults=True)
+
+
 class LayerNorm(Module):
     """Normalises a whole array by its mean and variance, then optionally scales
     and shifts it elementwise.
@@ -90,6 +100,10 @@ class LayerNorm(Module):
       when JAX's x64 mode is on).
     - `elementwise_affine`: deprecated (keyword only); sets both `use_weight`
       and `use_bias`, and warns with a `FilteraxDeprecationWarning`.
+    - `axes`: logical axes replacing the defaults for this layer, by field
+      name (keyword only). `weight` and `bias` default to `"embed"` for the last
+      dimension and `None` for the others; see
+      [`sharding_of`][filterax.sharding_of].
 
     **Returns:** calling the layer on `x` of shape `shape` returns an array of the
     same shape and dtype (and `(output, state)` when a `state` is passed too).
@@ -112,6 +126,7 @@ class LayerNorm(Module):
     use_bias: bool = field(static=True)
     weight: Float[Array, "*shape"] | None
     bias: Float[Array, "*shape"] | None
+    axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = axes_overrides_field()
 
     def __init__(
         self,
@@ -122,6 +137,7 @@ class LayerNorm(Module):
         dtype: Any = None,
         *,
         elementwise_affine: bool | None = None,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
         if elementwise_affine is not None:
             warn_deprecated(
@@ -135,6 +151,7 @@ class LayerNorm(Module):
         self.use_weight = use_weight
         self.use_bias = use_bias
         self.weight, self.bias = _affine_params(self.shape, use_weight, use_bias, dtype)
+        self.axes = _feature_axes(type(self).__name__, axes, len(self.shape))
 
     @overload
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array: ...
@@ -187,6 +204,10 @@ class RMSNorm(Module):
     - `use_bias`: whether to hold a learnable `bias` (else `bias` is `None`).
     - `dtype`: the dtype of `weight` and `bias`; defaults to float32 (float64
       when JAX's x64 mode is on).
+    - `axes`: logical axes replacing the defaults for this layer, by field
+      name (keyword only). `weight` and `bias` default to `"embed"` for the last
+      dimension and `None` for the others; see
+      [`sharding_of`][filterax.sharding_of].
 
     **Returns:** calling the layer on `x` of shape `shape` returns an array of the
     same shape and dtype (and `(output, state)` when a `state` is passed too).
@@ -207,6 +228,7 @@ class RMSNorm(Module):
     use_bias: bool = field(static=True)
     weight: Float[Array, "*shape"] | None
     bias: Float[Array, "*shape"] | None
+    axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = axes_overrides_field()
 
     def __init__(
         self,
@@ -215,12 +237,15 @@ class RMSNorm(Module):
         use_weight: bool = True,
         use_bias: bool = True,
         dtype: Any = None,
+        *,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
         self.shape = _shape_tuple(shape)
         self.eps = eps
         self.use_weight = use_weight
         self.use_bias = use_bias
         self.weight, self.bias = _affine_params(self.shape, use_weight, use_bias, dtype)
+        self.axes = _feature_axes(type(self).__name__, axes, len(self.shape))
 
     @overload
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array: ...
@@ -274,6 +299,9 @@ class GroupNorm(Module):
       (ones) and `bias` (zeros), each of shape `(channels,)`.
     - `dtype`: the dtype of `weight` and `bias`; defaults to float32 (float64
       when JAX's x64 mode is on).
+    - `axes`: logical axes replacing the default `("channel",)` of `weight`
+      and `bias`, by field name (keyword only); see
+      [`sharding_of`][filterax.sharding_of].
 
     **Returns:** calling the layer on `x` of shape `(channels, ...)` returns an
     array of the same shape and dtype (and `(output, state)` when a `state` is
@@ -296,8 +324,9 @@ class GroupNorm(Module):
     channels: int | None = field(static=True)
     eps: float = field(static=True)
     channelwise_affine: bool = field(static=True)
-    weight: Float[Array, " channels"] | None
-    bias: Float[Array, " channels"] | None
+    weight: Float[Array, " channels"] | None = field(axes=("channel",))
+    bias: Float[Array, " channels"] | None = field(axes=("channel",))
+    axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = axes_overrides_field()
 
     def __init__(
         self,
@@ -306,7 +335,10 @@ class GroupNorm(Module):
         eps: float = 1e-5,
         channelwise_affine: bool = True,
         dtype: Any = None,
+        *,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
+        self.axes = layer_axes("GroupNorm", axes, declared_axes(type(self)))
         if groups < 1:
             raise ValueError(
                 f"GroupNorm needs at least one group; got groups={groups}."

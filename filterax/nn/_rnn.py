@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
+from .._sharding import axes_overrides_field, declared_axes, layer_axes
 from ._linear import check_key, uniform_init
 
 __all__ = ["GRUCell", "LSTMCell"]
@@ -88,6 +89,10 @@ class GRUCell(Module):
     - `dtype`: the dtype of every parameter; defaults to float32 (float64 when
       JAX's x64 mode is on).
     - `key`: the PRNG key for initialisation (keyword only).
+    - `axes`: logical axes replacing the defaults for this cell, by field name
+      (keyword only). The defaults: `weight_ih: ("gates", "in")`, `weight_hh:
+      ("gates", "hidden")`, `bias: ("gates",)`, `bias_n: ("hidden",)`; see
+      [`sharding_of`][filterax.sharding_of].
 
     **Returns:** calling the cell on `(input, hidden)` returns the next hidden
     state, of shape `(hidden_size,)`.
@@ -107,13 +112,16 @@ class GRUCell(Module):
     ```
     """
 
-    weight_ih: Float[Array, "3*hidden_size input_size"]
-    weight_hh: Float[Array, "3*hidden_size hidden_size"]
-    bias: Float[Array, " 3*hidden_size"] | None
-    bias_n: Float[Array, " hidden_size"] | None
+    weight_ih: Float[Array, "3*hidden_size input_size"] = field(axes=("gates", "in"))
+    weight_hh: Float[Array, "3*hidden_size hidden_size"] = field(
+        axes=("gates", "hidden")
+    )
+    bias: Float[Array, " 3*hidden_size"] | None = field(axes=("gates",))
+    bias_n: Float[Array, " hidden_size"] | None = field(axes=("hidden",))
     input_size: int = field(static=True)
     hidden_size: int = field(static=True)
     use_bias: bool = field(static=True)
+    axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = axes_overrides_field()
 
     def __init__(
         self,
@@ -123,7 +131,9 @@ class GRUCell(Module):
         dtype: Any = None,
         *,
         key: PRNGKeyArray,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
+        self.axes = layer_axes("GRUCell", axes, declared_axes(type(self)))
         _check_sizes("GRUCell", input_size, hidden_size)
         check_key(key, "GRUCell")
         keys = jax.random.split(key, 4)
@@ -188,6 +198,10 @@ class LSTMCell(Module):
     - `dtype`: the dtype of every parameter; defaults to float32 (float64 when
       JAX's x64 mode is on).
     - `key`: the PRNG key for initialisation (keyword only).
+    - `axes`: logical axes replacing the defaults for this cell, by field name
+      (keyword only). The defaults: `weight_ih: ("gates", "in")`, `weight_hh:
+      ("gates", "hidden")`, `bias: ("gates",)`; see
+      [`sharding_of`][filterax.sharding_of].
 
     **Returns:** calling the cell on `(input, (h, c))` returns the next state
     `(h', c')`, each of shape `(hidden_size,)`.
@@ -203,12 +217,15 @@ class LSTMCell(Module):
     ```
     """
 
-    weight_ih: Float[Array, "4*hidden_size input_size"]
-    weight_hh: Float[Array, "4*hidden_size hidden_size"]
-    bias: Float[Array, " 4*hidden_size"] | None
+    weight_ih: Float[Array, "4*hidden_size input_size"] = field(axes=("gates", "in"))
+    weight_hh: Float[Array, "4*hidden_size hidden_size"] = field(
+        axes=("gates", "hidden")
+    )
+    bias: Float[Array, " 4*hidden_size"] | None = field(axes=("gates",))
     input_size: int = field(static=True)
     hidden_size: int = field(static=True)
     use_bias: bool = field(static=True)
+    axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = axes_overrides_field()
 
     def __init__(
         self,
@@ -218,7 +235,9 @@ class LSTMCell(Module):
         dtype: Any = None,
         *,
         key: PRNGKeyArray,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
+        self.axes = layer_axes("LSTMCell", axes, declared_axes(type(self)))
         _check_sizes("LSTMCell", input_size, hidden_size)
         check_key(key, "LSTMCell")
         self.weight_ih, self.weight_hh, self.bias = _gate_params(

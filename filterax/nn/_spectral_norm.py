@@ -88,7 +88,8 @@ class SpectralNorm(StatefulLayer, Generic[_Layer]):
 
     layer: _Layer
     weight_name: str = field(static=True)
-    uv_index: StateIndex[_Vectors]
+    # The power-iteration vectors are small: never split (named `None`).
+    uv_index: StateIndex[_Vectors] = field(axes=(None,))
     num_power_iterations: int = field(static=True)
     eps: float = field(static=True)
     inference: bool

@@ -14,6 +14,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._ad import unfrozen
 from .._filters import is_array
 from .._module import Module, field
+from .._sharding import axes_overrides_field, layer_axes, logical_axes
 from .._tree import tree_at
 
 __all__ = ["WeightNorm"]
@@ -53,6 +54,22 @@ class _NormExceptAxis(Module):
         return jax.vmap(norm, in_axes=self.axis, out_axes=self.axis)(v)
 
 
+def _g_axes(
+    layer: Any, weight_name: str, axis: int | None, ndim: int
+) -> tuple[str | None, ...]:
+    """The names of `g`: the weight's name along `axis`; `None` along the
+    dimensions of size 1, which cannot be split."""
+    declared = jax.tree.leaves(
+        getattr(logical_axes(layer), weight_name, None),
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
+    names = declared[0] if len(declared) == 1 else None
+    if axis is None or names is None or len(names) != ndim:
+        return (None,) * ndim
+    keep = axis % ndim
+    return tuple(name if i == keep else None for i, name in enumerate(names))
+
+
 class WeightNorm(Module, Generic[_Layer]):
     """Weight normalisation: the wrapped layer's weight `v` is used as
     `g * v / norm(v)`, so that its direction (`v`) and magnitude (`g`) are
@@ -70,6 +87,10 @@ class WeightNorm(Module, Generic[_Layer]):
     - `weight_name`: the name of the layer's weight field (an array).
     - `axis`: the axis kept by the norm (`g` has length `v.shape[axis]` along
       it and 1 elsewhere), or `None` to take the norm of the whole weight.
+    - `axes`: logical axes replacing the default of `g` (keyword only): the
+      wrapped weight's name for `axis`, `None` for the other dimensions (of
+      size 1). The wrapped layer keeps its own names; see
+      [`sharding_of`][filterax.sharding_of].
 
     **Returns:** calling the wrapper on `x` returns `layer(x)`, computed with the
     weight `g * v / norm(v)`.
@@ -96,12 +117,15 @@ class WeightNorm(Module, Generic[_Layer]):
     weight_name: str = field(static=True)
     axis: int | None = field(static=True)
     _norm: Callable[[Array], Array]
+    axes: tuple[tuple[str, tuple[str | None, ...]], ...] | None = axes_overrides_field()
 
     def __init__(
         self,
         layer: _Layer,
         weight_name: str = "weight",
         axis: int | None = 0,
+        *,
+        axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
         if not hasattr(layer, weight_name):
             raise MissingWeightError(
@@ -125,6 +149,12 @@ class WeightNorm(Module, Generic[_Layer]):
         self.axis = axis
         self._norm = _NormExceptAxis(axis)
         self.g = self._norm(weight)
+        self.axes = layer_axes(
+            "WeightNorm",
+            axes,
+            {"g": _g_axes(layer, weight_name, axis, weight.ndim)},
+            keep_defaults=True,
+        )
 
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Any:
         """Calls the wrapped layer with its normalised weight.

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import filterax as fx
 
@@ -91,3 +91,46 @@ def test_not_a_prefix_names_where(mesh):
     rows = NamedSharding(mesh, P("data"))
     with pytest.raises(ValueError, match=r"filter_shard: sharding.*prefix.*pytree"):
         fx.filter_shard({"x": jnp.ones(8)}, {"y": rows})
+
+
+# --- a tree of shardings from `sharding_of` (prefix, `None` leaves as is) ---
+
+
+@pytest.mark.parametrize(
+    "kind", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"]
+)
+def test_tree_of_shardings_eagerly_and_under_filter_jit(kind):
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind, kind))
+    model = fx.nn.MultiheadAttention(2, 8, key=jax.random.key(0))
+    shardings = fx.sharding_of(model, mesh, {"heads": "model", "embed": "data"})
+    placed = fx.filter_shard(model, shardings)
+    assert placed.query_proj.weight.sharding.spec == P("model", "data")
+    assert placed.dropout == model.dropout
+
+    @fx.filter_jit
+    def constrained(model):
+        return fx.filter_shard(model, shardings)
+
+    with jax.set_mesh(mesh):
+        out = constrained(model)
+    assert out.output_proj.weight.sharding.spec == P("data", "model")
+
+
+def test_prefix_with_none_leaves_parts_as_they_are():
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    rows = NamedSharding(mesh, P("data"))
+    tree = {"a": jnp.zeros(8), "b": (jnp.zeros(8), jnp.ones(8))}
+    placed = fx.filter_shard(tree, {"a": rows, "b": None})
+    assert placed["a"].sharding == rows
+    assert placed["b"][0] is tree["b"][0]
+
+
+def test_abstract_arrays_get_the_sharding():
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    abstract = fx.filter_eval_shape(fx.nn.Linear, 4, 8, key=jax.random.key(0))
+    template = fx.filter_shard(
+        abstract, fx.sharding_of(abstract, mesh, {"out": "model"})
+    )
+    assert template.weight == jax.ShapeDtypeStruct(
+        (8, 4), jnp.float32, sharding=NamedSharding(mesh, P("model", None))
+    )

@@ -259,6 +259,7 @@ def test_fields_and_state_are_equinox_s():
         "channelwise_affine",
         "momentum",
         "mode",
+        "axes",  # filterax: static per-instance logical axes, no leaf
     ]
     ema = fx.nn.BatchNorm(3, "batch", mode="ema")
     assert ema.batch_counter is None and ema.batch_state_index is None

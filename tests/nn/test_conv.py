@@ -623,6 +623,7 @@ def test_fields_are_equinox_fields_in_equinox_order():
         "groups",
         "use_bias",
         "padding_mode",
+        "axes",  # filterax: static per-instance logical axes, no leaf
     ]
     transpose_fields = [*conv_fields]
     transpose_fields.insert(conv_fields.index("dilation"), "output_padding")

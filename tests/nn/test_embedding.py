@@ -66,6 +66,7 @@ def test_fields_are_equinox_s():
         "num_embeddings",
         "embedding_size",
         "weight",
+        "axes",  # filterax: static per-instance logical axes, no leaf
     ]
 
 

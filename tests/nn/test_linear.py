@@ -112,6 +112,7 @@ def test_fields_and_key_paths_are_equinox_s():
         "in_features",
         "out_features",
         "use_bias",
+        "axes",  # filterax: static per-instance logical axes, no leaf
     ]
     linear = fx.nn.Linear(2, 3, key=jax.random.key(0))
     paths = [

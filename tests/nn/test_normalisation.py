@@ -78,6 +78,7 @@ def test_layer_norm_fields_and_initialisation():
         "use_bias",
         "weight",
         "bias",
+        "axes",  # filterax: static per-instance logical axes, no leaf
     ]
     assert norm.shape == (3, 4)
     assert jnp.array_equal(_present(norm.weight), jnp.ones((3, 4)))
@@ -204,6 +205,7 @@ def test_rms_norm_fields_and_initialisation():
         "use_bias",
         "weight",
         "bias",
+        "axes",  # filterax: static per-instance logical axes, no leaf
     ]
     assert jnp.array_equal(_present(norm.weight), jnp.ones(4))
     assert jnp.array_equal(_present(norm.bias), jnp.zeros(4))
@@ -271,6 +273,7 @@ def test_group_norm_fields_and_initialisation():
         "channelwise_affine",
         "weight",
         "bias",
+        "axes",  # filterax: static per-instance logical axes, no leaf
     ]
     assert jnp.array_equal(_present(norm.weight), jnp.ones(6))
     assert jnp.array_equal(_present(norm.bias), jnp.zeros(6))

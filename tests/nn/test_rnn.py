@@ -82,6 +82,7 @@ def test_gru_fields_and_shapes():
         "input_size",
         "hidden_size",
         "use_bias",
+        "axes",  # filterax: static per-instance logical axes, no leaf
     ]
     assert cell.weight_ih.shape == (15, 3)
     assert cell.weight_hh.shape == (15, 5)
@@ -146,6 +147,7 @@ def test_lstm_fields_and_shapes():
         "input_size",
         "hidden_size",
         "use_bias",
+        "axes",  # filterax: static per-instance logical axes, no leaf
     ]
     assert cell.weight_ih.shape == (20, 3)
     assert cell.weight_hh.shape == (20, 5)

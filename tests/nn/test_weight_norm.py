@@ -60,6 +60,7 @@ def test_fields_in_equinox_order():
         "weight_name",
         "axis",
         "_norm",
+        "axes",  # filterax: static per-instance logical axes, no leaf
     ]
     assert wrapped.weight_name == "weight" and wrapped.axis == 0
 
