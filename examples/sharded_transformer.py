@@ -10,6 +10,12 @@ only its own blocks of each parameter. XLA's partitioner inserts the
 communication; the training step is an ordinary `filter_jit` function, compiled
 once (counted with `jax.monitoring`).
 
+Training checkpoints every few steps with `filterax.checkpoint.Checkpointer`
+(asynchronously; in a multi-host run each process writes only its own shards)
+and "stops" part-way, as if preempted; a second run resumes from the latest
+complete step, restoring onto an abstract template (shapes and shardings, no
+arrays), and replays the steps after it with the same losses.
+
 The task is synthetic: each sequence counts upwards modulo the vocabulary from a
 random start, with a random stride, and the model learns to predict the next
 token. A PNG (`--out`) shows how each parameter is laid out over the mesh:
@@ -21,8 +27,8 @@ initialises its backends. On a machine with 8 accelerators, drop them.
     python examples/sharded_transformer.py            # about a minute
     python examples/sharded_transformer.py --small    # a few seconds (CI)
 
-Exits with status 1 if the loss did not fall or the step compiled more than
-once.
+Exits with status 1 if the loss did not fall, the replayed steps' losses
+differ, or the step compiled more than once.
 """
 
 import jax
@@ -31,6 +37,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 from typing import Any  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
@@ -39,6 +46,7 @@ import optax  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import filterax as fx  # noqa: E402
+import filterax.checkpoint  # noqa: E402
 
 # Logical axis -> mesh axis. Unnamed dimensions ("in", "out", ...) stay whole.
 RULES = {"heads": "model", "mlp": "model", "vocab": "model", "embed": None}
@@ -110,12 +118,13 @@ class Transformer(fx.Module):
         return jax.vmap(self.readout)(x)
 
 
-def batches(vocab: int, batch: int, length: int, seed: int):
-    generator = np.random.default_rng(seed)
-    while True:
-        start = generator.integers(0, vocab, (batch, 1))
-        stride = generator.integers(1, 4, (batch, 1))
-        yield (start + stride * np.arange(length + 1)) % vocab
+def batch_at(step: int, vocab: int, batch: int, length: int, seed: int) -> np.ndarray:
+    """The batch of training step `step`: a function of the step alone, so a run
+    resumed from a checkpoint sees the same data as one that never stopped."""
+    generator = np.random.default_rng((seed, step))
+    start = generator.integers(0, vocab, (batch, 1))
+    stride = generator.integers(1, 4, (batch, 1))
+    return (start + stride * np.arange(length + 1)) % vocab
 
 
 def layout_picture(model: Any, path: str) -> None:
@@ -167,7 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="sharded_transformer.png")
+    parser.add_argument(
+        "--checkpoints",
+        default=None,
+        help="the checkpoint directory (default: a new temporary one)",
+    )
     args = parser.parse_args(argv)
+    if args.checkpoints is None:
+        args.checkpoints = tempfile.mkdtemp(prefix="sharded_transformer_")
     steps = args.steps or (30 if args.small else 300)
     vocab, width, heads, depth, length, batch = (
         (16, 32, 4, 1, 16, 16) if args.small else (32, 64, 4, 2, 32, 32)
@@ -216,25 +232,56 @@ def main(argv: list[str] | None = None) -> int:
         return loss, model, fx.filter_shard(opt_state, state_shardings)
 
     rows = NamedSharding(mesh, P("data"))
-    data = batches(vocab, batch, length, args.seed)
-    before = len(compilations)
-    losses = []
-    for i in range(steps):
-        tokens = jax.device_put(next(data).astype(np.int32), rows)
-        loss, model, opt_state = step(model, opt_state, tokens)
-        losses.append(float(loss))
-        if i % max(steps // 10, 1) == 0 or i == steps - 1:
-            print(f"step {i:4d}  loss {losses[-1]:.4f}")
-    step_compilations = len(compilations) - before
 
-    # --- checkpoint spot (filterax.checkpoint, to come) ---
-    # Save `model` and `opt_state` here; each host writes its own shards.
+    def train(model, opt_state, first: int, last: int, checkpoints) -> tuple:
+        for i in range(first, last):
+            tokens = batch_at(i, vocab, batch, length, args.seed).astype(np.int32)
+            tokens = jax.device_put(tokens, rows)
+            before = len(compilations)
+            loss, model, opt_state = step(model, opt_state, tokens)
+            step_compilations.append(len(compilations) - before)
+            losses[i] = float(loss)
+            if i % max(steps // 10, 1) == 0 or i == steps - 1:
+                print(f"step {i:4d}  loss {losses[i]:.4f}")
+            if (i + 1) % every == 0:
+                # Asynchronous: the next steps run while it writes. Each process
+                # of a multi-host run writes only the shards it holds.
+                checkpoints.save(i + 1, (model, opt_state))
+        return model, opt_state
+
+    every = max(steps // 6, 1)
+    losses: dict[int, float] = {}
+    step_compilations: list[int] = []  # per call of `step`
+    with filterax.checkpoint.Checkpointer(args.checkpoints, keep=2) as checkpoints:
+        # The first run "stops" half-way through (as if preempted)...
+        halfway = steps // 2 + every // 2
+        model, opt_state = train(model, opt_state, 0, halfway, checkpoints)
+        checkpoints.wait()
+    uninterrupted = dict(losses)
+
+    # ... and a new run resumes from the latest complete step. It restores onto
+    # an abstract template (shapes and shardings, no arrays): nothing is built
+    # twice, and every array lands directly on its devices.
+    with filterax.checkpoint.Checkpointer(args.checkpoints, keep=2) as checkpoints:
+        resume_from = checkpoints.latest_step()
+        assert resume_from is not None
+        like = fx.filter_shard(
+            fx.filter_eval_shape(lambda tree: tree, (model, opt_state)),
+            (model_shardings, state_shardings),
+        )
+        model, opt_state = checkpoints.restore(like)
+        print(f"--- resumed from step {resume_from} (saved: {checkpoints.steps()}) ---")
+        model, opt_state = train(model, opt_state, resume_from, steps, checkpoints)
+    losses_list = [losses[i] for i in range(steps)]
+    replayed = [i for i in range(resume_from, halfway) if i in uninterrupted]
+    same = all(uninterrupted[i] == losses[i] for i in replayed)
+    print(f"steps {resume_from}-{halfway - 1} ran twice; equal losses: {same}")
 
     layout_picture(model, args.out)
     print(
-        f"compilations of the step: {step_compilations}; layout written to {args.out}"
+        f"compilations of the step: {sum(step_compilations)}; layout written to {args.out}"
     )
-    ok = losses[-1] < 0.8 * losses[0] and step_compilations == 1
+    ok = same and losses_list[-1] < 0.8 * losses_list[0] and sum(step_compilations) == 1
     if not ok:
         print("FAILED: the loss did not fall enough, or the step recompiled")
     return 0 if ok else 1
