@@ -23,6 +23,7 @@ from ._filters import (
 
 # --- deprecations (_warnings.py) ---
 from ._warnings import FilteraxDeprecationWarning as FilteraxDeprecationWarning
+from ._warnings import NoDifferentiableLeafWarning as NoDifferentiableLeafWarning
 
 # --- annotations (_typing.py) ---
 from ._typing import PyTree as PyTree
@@ -73,7 +74,7 @@ from ._ad import (
     zero_cotangent as zero_cotangent,
 )
 
-# --- compilation, batching, sharding (_jit.py, _vmap.py, _pmap.py, _shard.py, ...) ---
+# --- compilation, batching, sharding (_jit/, _mapping/, _sharding/, _eval_shape.py, ...) ---
 from ._caches import clear_caches as clear_caches
 from ._callback import filter_pure_callback as filter_pure_callback
 from ._closure_convert import filter_closure_convert as filter_closure_convert
@@ -83,8 +84,14 @@ from ._make_jaxpr import filter_make_jaxpr as filter_make_jaxpr
 from ._mapping import (
     filter_pmap as filter_pmap,
     filter_shard as filter_shard,
+    filter_shard_map as filter_shard_map,
     filter_vmap as filter_vmap,
     if_array as if_array,
+)
+from ._sharding import (
+    logical_axes as logical_axes,
+    sharded_init as sharded_init,
+    sharding_of as sharding_of,
 )
 
 # --- control flow (_control/) ---
@@ -96,7 +103,7 @@ from ._control import (
     filter_while_loop as filter_while_loop,
 )
 
-# --- runtime errors (_errors.py) ---
+# --- runtime errors (_errors/) ---
 from ._errors import (
     EquinoxRuntimeError as EquinoxRuntimeError,
     EquinoxTracetimeError as EquinoxTracetimeError,

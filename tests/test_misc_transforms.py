@@ -1,5 +1,5 @@
 """`filter_eval_shape`, `filter_make_jaxpr`, `filter_closure_convert`,
-`filter_pure_callback` and `clear_caches` (API.md section 5)."""
+`filter_pure_callback` and `clear_caches`."""
 
 from __future__ import annotations
 

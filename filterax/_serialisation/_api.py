@@ -1,69 +1,34 @@
 """Saving and loading the leaves of a pytree: `tree_serialise_leaves` and
 `tree_deserialise_leaves`.
 
-File format, version 1 (full specification in `docs/serialisation-format.md`;
-all integers little-endian, every checksum a `zlib.crc32`):
-
-    preamble  magic b"\\x89FLTRAX\\n", u32 format version, u32 flags (0)
-    header    u64 length, JSON {"leaves": [keystr, ...]}, u32 checksum of
-              preamble + length + JSON
-    entries   one per leaf, in flattening order:
-              u32 length, JSON {"path", "kind", "dtype", "shape", "nbytes",
-              ["impl" | "type"]}, u32 checksum of length + JSON,
-              `nbytes` bytes of data, u32 checksum of the data
-    footer    b"FLTRXEND", u64 entry count, u32 checksum
-
-`kind` is the type tag: `jax_array`, `numpy_array`, `numpy_scalar`,
-`key_array` (the key data, with the PRNG implementation in `impl`), `bool`,
-`int`, `float`, `complex` (Python scalars), `object` (a non-array leaf, not
-stored; its type name in `type`) or `raw` (bytes written by a custom
-`filter_spec` callable). Array data is C-ordered and little-endian.
-
-Loading also reads the files of Equinox's `tree_serialise_leaves` (NumPy
-records one after another, see `_npy.py` and `_equinox.py`), told apart by
-their first bytes. Both directions stream one leaf at a time: nothing holds
-the whole file.
+Both walk the pytree once, pairing each leaf with its key path and the
+`filter_spec` callable that covers it, and hand the leaves to a format of the
+registry (`_formats.py`): saving writes filterax's own format (`_filterax.py`);
+loading also reads Equinox's (`_equinox.py`), the format being told by the
+file's first bytes.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax.tree_util as jtu
 
-from ._format import MAGIC, FormatReader, FormatWriter
-from ._io import (
-    LeafReader,
-    LeafWriter,
-    NpyLeafReader,
-    PathOrFile,
-    open_input,
-    open_output,
-)
-from ._leaf import (
+from ._formats import (
+    FORMATS,
     default_deserialise_filter_spec,
     default_serialise_filter_spec,
-    entry_as_npy,
 )
-from ._messages import SerialisationError, leaf_note
-from ._npy import NPY_MAGIC, NpyReader, starts_npy_record
-from ._source import Source
+from ._io import PathOrFile, open_input, open_output
+from ._registry import Leaf
 
 __all__ = ["tree_deserialise_leaves", "tree_serialise_leaves"]
 
 
-class _Leaf(NamedTuple):
-    path: str  # `jax.tree_util.keystr` of `key_path`
-    key_path: tuple[Any, ...]
-    spec: Callable  # the `filter_spec` callable that covers the leaf
-    leaf: Any
-
-
 def _leaves_by_spec(
     filter_spec: Any, pytree: Any, is_leaf: Callable[[Any], bool] | None
-) -> tuple[list[_Leaf], Callable[[list[Any]], Any]]:
+) -> tuple[list[Leaf], Callable[[list[Any]], Any]]:
     """Pairs each leaf of `pytree` with its key path and the `filter_spec`
     callable that covers it; also returns a function that rebuilds `pytree`
     from new leaves given in the same order."""
@@ -84,7 +49,7 @@ def _leaves_by_spec(
                 "filter_spec must be a pytree prefix of the pytree, with callables "
                 f"`(file, leaf)` as its leaves: {error}"
             ) from None
-    entries: list[_Leaf] = []
+    entries: list[Leaf] = []
     subdefs = []
     for (spec_path, spec), subtree in zip(spec_leaves, subtrees):
         if not callable(spec):
@@ -96,7 +61,7 @@ def _leaves_by_spec(
         subdefs.append(subdef)
         for path, leaf in leaves:
             key_path = (*spec_path, *path)
-            entries.append(_Leaf(jtu.keystr(key_path), key_path, spec, leaf))
+            entries.append(Leaf(jtu.keystr(key_path), key_path, spec, leaf))
 
     def rebuild(new_leaves: list[Any]) -> Any:
         remaining = iter(new_leaves)
@@ -178,123 +143,9 @@ def tree_serialise_leaves(
 
     ```
     """
-    entries, _ = _leaves_by_spec(filter_spec, pytree, is_leaf)
+    leaves, _ = _leaves_by_spec(filter_spec, pytree, is_leaf)
     with open_output(path_or_file) as stream:
-        writer = FormatWriter(stream)
-        writer.write_header([entry.path for entry in entries])
-        for entry in entries:
-            handle = LeafWriter(writer, entry.path)
-            entry.spec(handle, entry.leaf)
-            handle.finish()
-        writer.write_footer()
-
-
-def _check_paths(name: str, stored: list[str], wanted: list[_Leaf]) -> None:
-    wanted_paths = [entry.path for entry in wanted]
-    if stored == wanted_paths:
-        return
-    stored_set, wanted_set = set(stored), set(wanted_paths)
-    missing = [entry for entry in wanted if entry.path not in stored_set]
-    extra = [path for path in stored if path not in wanted_set]
-
-    def listing(paths: list[str]) -> str:
-        shown = ", ".join(paths[:5])
-        return shown + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
-
-    problems = []
-    first_at_fault = missing[0] if missing else None
-    if missing:
-        problems.append(
-            "`like` has leaves the file has no entry for: "
-            + listing([entry.path for entry in missing])
-        )
-    if extra:
-        problems.append(
-            f"the file has entries `like` has no leaf for: {listing(extra)}"
-        )
-    if not problems:
-        index = next(i for i, (a, b) in enumerate(zip(stored, wanted_paths)) if a != b)
-        first_at_fault = wanted[index]
-        problems.append(
-            f"the entries are in a different order (entry {index} is "
-            f"{stored[index]}, `like` has {wanted_paths[index]} there)"
-        )
-    note = leaf_note(first_at_fault.key_path if first_at_fault else None, "missing")
-    raise SerialisationError(
-        f"{name} does not match the structure of `like`: {'; '.join(problems)}." + note
-    )
-
-
-def _is_under(path: str, prefix: str) -> bool:
-    """Whether the key path `path` (a `keystr`) lies in the subtree at
-    `prefix`."""
-    return path.startswith(prefix) and path[len(prefix) : len(prefix) + 1] in (
-        "",
-        ".",
-        "[",
-    )
-
-
-# One key of a `keystr`: `.name`, `[0]`, `['key']`, `["key"]`, `[<flat index 0>]`.
-_ONE_KEY = re.compile(
-    r"\.[A-Za-z_]\w*|\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]'\"]*)\]"
-)
-
-
-def _subtree_at(stored: list[str], wanted: list[str]) -> tuple[int, str] | None:
-    """Where the file holds `like` as one whole top-level part of what it
-    saved (the model of a `(model, opt_state)` checkpoint, at `[0]`):
-    `(index of its first entry, key of the part)`, when exactly one part
-    fits. Deeper subtrees are not looked at: the optimiser state's moments
-    mirror the model's paths too."""
-    if not wanted or not wanted[0]:
-        return None
-    found = []
-    for start, path in enumerate(stored[: len(stored) - len(wanted) + 1]):
-        prefix = path[: len(path) - len(wanted[0])]
-        if not path.endswith(wanted[0]) or not _ONE_KEY.fullmatch(prefix):
-            continue
-        block = range(start, start + len(wanted))
-        if all(stored[i] == prefix + w for i, w in zip(block, wanted)) and [
-            i for i, p in enumerate(stored) if _is_under(p, prefix)
-        ] == list(block):
-            found.append((start, prefix))
-    return found[0] if len(found) == 1 else None
-
-
-def _load_filterax(source: Source, entries: list[_Leaf]) -> list[Any]:
-    reader = FormatReader(source)
-    stored = reader.read_header()
-    wanted = [entry.path for entry in entries]
-    prefix, start = "", 0
-    if stored != wanted:
-        subtree = _subtree_at(stored, wanted)
-        if subtree is None:
-            _check_paths(source.name, stored, entries)
-        else:
-            start, prefix = subtree
-    for path in stored[:start]:
-        reader.skip_data(reader.read_entry_meta(path))
-    loaded = []
-    for entry in entries:
-        meta = reader.read_entry_meta(prefix + entry.path)
-        handle = LeafReader(reader, meta, entry.key_path, entry_as_npy)
-        loaded.append(entry.spec(handle, entry.leaf))
-        handle.finish()
-    for path in stored[start + len(entries) :]:
-        reader.skip_data(reader.read_entry_meta(path))
-    reader.read_footer()
-    return loaded
-
-
-def _load_equinox(source: Source, entries: list[_Leaf]) -> list[Any]:
-    # Records after `like`'s last leaf are left unread, as Equinox leaves them:
-    # the model alone loads from a `(model, opt_state)` checkpoint.
-    reader = NpyReader(source)
-    return [
-        entry.spec(NpyLeafReader(reader, entry.path, entry.key_path), entry.leaf)
-        for entry in entries
-    ]
+        FORMATS.written.write(stream, leaves)
 
 
 def tree_deserialise_leaves(
@@ -365,22 +216,10 @@ def tree_deserialise_leaves(
 
     ```
     """
-    entries, rebuild = _leaves_by_spec(filter_spec, like, is_leaf)
+    leaves, rebuild = _leaves_by_spec(filter_spec, like, is_leaf)
+    custom_first_leaf = bool(leaves) and (
+        leaves[0].spec is not default_deserialise_filter_spec
+    )
     with open_input(path_or_file) as source:
-        start = source.peek(len(MAGIC))
-        if start and start == MAGIC[: len(start)]:
-            loaded = _load_filterax(source, entries)
-        elif (
-            not start
-            or starts_npy_record(start)
-            # Equinox's custom specs may write any bytes, the first leaf's too.
-            or (entries and entries[0].spec is not default_deserialise_filter_spec)
-        ):
-            loaded = _load_equinox(source, entries)
-        else:
-            raise source.fail(
-                f"not a filterax checkpoint (starts with {start!r}, expected "
-                f"{MAGIC!r}), nor an Equinox one (NumPy records, starting with "
-                f"{NPY_MAGIC!r}); was it written by `tree_serialise_leaves`?"
-            )
+        loaded = FORMATS.input_format(source, custom_first_leaf).read(source, leaves)
     return rebuild(loaded)

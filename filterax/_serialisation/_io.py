@@ -1,6 +1,6 @@
 """Files for `tree_serialise_leaves`: which file a path names, output to paths
 (atomically, see `_atomic.py`) or file objects, input from either, and the
-per-leaf file objects `filter_spec` callables receive."""
+per-leaf file objects filterax's format gives `filter_spec` callables."""
 
 from __future__ import annotations
 
@@ -12,15 +12,13 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, BinaryIO
 
 from ._atomic import atomic_output
-from ._format import EntryMeta, FormatReader, FormatWriter
+from ._framing import EntryMeta, FormatReader, FormatWriter
 from ._messages import SerialisationError
-from ._npy import NpyReader
-from ._source import Source
+from ._source import Source, file_label
 
 __all__ = [
     "LeafReader",
     "LeafWriter",
-    "NpyLeafReader",
     "PathOrFile",
     "open_input",
     "open_output",
@@ -145,34 +143,6 @@ class LeafReader(io.RawIOBase):
             self.format_reader.skip_data(self.meta)
 
 
-class NpyLeafReader(io.RawIOBase):
-    """The binary file a deserialising `filter_spec` callable receives for one
-    leaf of an Equinox checkpoint: the checkpoint's own stream from the leaf's
-    record on, as Equinox passes it (so `numpy.load(file)` reads the record).
-    `default_deserialise_filter_spec` reads one record through it."""
-
-    def __init__(self, reader: NpyReader, path: str, key_path: KeyPath | None):
-        super().__init__()
-        self.npy_reader = reader
-        self.path = path
-        self.key_path = key_path
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        return self.npy_reader.source.read_some_into(memoryview(buffer).cast("B"))
-
-    def seekable(self) -> bool:
-        return self.npy_reader.source.seekable
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.npy_reader.source.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self.npy_reader.source.tell()
-
-
 def with_default_suffix(path: str) -> str:
     """`path` with `.eqx` appended when its last component has no suffix (as
     `pathlib` sees it: `model` and `model.` have none, `.model` has none,
@@ -222,11 +192,7 @@ def open_input(path_or_file: PathOrFile) -> Iterator[Source]:
     path = _as_path(path_or_file)
     if path is None:
         _check_binary_file(path_or_file, "read", "rb")
-        name = getattr(path_or_file, "name", None)
-        label = (
-            repr(name) if isinstance(name, str) else f"<{type(path_or_file).__name__}>"
-        )
-        yield Source(path_or_file, label)  # type: ignore[arg-type]
+        yield Source(path_or_file, file_label(path_or_file))  # type: ignore[arg-type]
         return
     try:
         stream = open(path, "rb")

@@ -1,13 +1,13 @@
-"""How one leaf is stored and restored: the default `filter_spec` callables of
-`tree_serialise_leaves` and `tree_deserialise_leaves` (for Equinox's format,
-`_equinox.py` restores the leaf)."""
+"""How one leaf becomes an entry of filterax's format and back: what the
+default `filter_spec` callables do with the file objects of that format
+(`_filterax.py`)."""
 
 from __future__ import annotations
 
 import io
 import math
 import struct
-from typing import Any, BinaryIO
+from typing import Any
 
 import jax
 import jax.tree_util as jtu
@@ -30,24 +30,19 @@ from ._arrays import (
     python_scalar_kind,
     restore_keys,
 )
-from ._equinox import decode_equinox_leaf
-from ._format import (
+from ._framing import (
     ARRAY_KINDS,
     BIG_ENDIAN_HOST,
     EntryMeta,
     dtype_from_name,
     dtype_name,
 )
-from ._io import LeafReader, LeafWriter, NpyLeafReader
+from ._io import LeafReader
 from ._messages import SerialisationError, leaf_note, shape_str
-from ._npy import NpyReader, starts_npy_record
-from ._source import Source
+from ._npy import starts_npy_record
+from ._numpy import read_record_leaf, record_bytes
 
-__all__ = [
-    "default_deserialise_filter_spec",
-    "default_serialise_filter_spec",
-    "entry_as_npy",
-]
+__all__ = ["decode_leaf", "encode_leaf", "entry_as_npy"]
 
 _SCALAR_FORMATS = {"float": struct.Struct("<d"), "complex": struct.Struct("<dd")}
 _SCALAR_SIZES = {"bool": 1, "float": 8, "complex": 16}
@@ -77,8 +72,8 @@ def _array_entry(
     return EntryMeta(path, kind, name, tuple(array.shape), len(data), extra), data
 
 
-def _encode_leaf(path: str, leaf: Any) -> tuple[EntryMeta, bytes | memoryview]:
-    """The entry `default_serialise_filter_spec` writes for `leaf`."""
+def encode_leaf(path: str, leaf: Any) -> tuple[EntryMeta, bytes | memoryview]:
+    """The entry (header and data) that stores `leaf`, at key path `path`."""
     if is_ref(leaf):
         # A Ref is stored as its current value; loading makes a new Ref.
         leaf = leaf[...]
@@ -136,70 +131,6 @@ def _encode_leaf(path: str, leaf: Any) -> tuple[EntryMeta, bytes | memoryview]:
             )
         return EntryMeta(path, "object", "", (), 0, {"type": type(leaf).__name__}), b""
     return EntryMeta(path, kind, kind, (), len(data)), data
-
-
-def default_serialise_filter_spec(f: BinaryIO, leaf: Any) -> None:
-    """Saves one leaf: the default `filter_spec` of
-    [`tree_serialise_leaves`][filterax.tree_serialise_leaves].
-
-    JAX and NumPy arrays, NumPy scalars and Python `bool`/`int`/`float`/`complex`
-    are stored exactly; typed key arrays as their key data plus implementation
-    name. Any other leaf (a string, a function) is recorded as present but not
-    stored: loading keeps the `like` leaf. Custom `filter_spec` callables call it
-    for the leaves they do not handle themselves. Given any other binary file,
-    it writes what Equinox's does: `numpy.save` of an array or scalar leaf,
-    nothing for any other.
-
-    **Arguments:**
-
-    - `f`: the file object `tree_serialise_leaves` passed to the callable (or
-      any binary file).
-    - `leaf`: the leaf to save.
-
-    **Returns:** `None`.
-
-    **Raises:** `TypeError` naming the key path for arrays of unsupported dtype
-    (object, string), traced arrays, and `is_leaf` nodes that contain arrays.
-
-    ```python
-    >>> import io
-    >>> import jax.numpy as jnp
-    >>> import filterax as fx
-    >>> def skip_buffers(f, leaf):  # store nothing for int arrays
-    ...     if leaf.dtype != jnp.int32:
-    ...         fx.default_serialise_filter_spec(f, leaf)
-    >>> def keep_buffers(f, like):
-    ...     if like.dtype == jnp.int32:
-    ...         return like
-    ...     return fx.default_deserialise_filter_spec(f, like)
-    >>> tree = {"w": jnp.ones(2), "step": jnp.array(7)}
-    >>> file = io.BytesIO()
-    >>> fx.tree_serialise_leaves(file, tree, skip_buffers)
-    >>> _ = file.seek(0)
-    >>> fx.tree_deserialise_leaves(file, {"w": jnp.zeros(2), "step": jnp.array(0)}, keep_buffers)
-    {'step': Array(0, dtype=int32, weak_type=True), 'w': Array([1., 1.], dtype=float32)}
-
-    ```
-    """
-    if not isinstance(f, LeafWriter):
-        _save_as_numpy(f, leaf)
-        return
-    f.write_entry(*_encode_leaf(f.path, leaf))
-
-
-def _save_as_numpy(f: BinaryIO, leaf: Any) -> None:
-    """`default_serialise_filter_spec` given another file object: writes what
-    Equinox's does, a `numpy.save` record for an array or scalar leaf and
-    nothing for any other."""
-    if is_ref(leaf):
-        leaf = leaf[...]
-    if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer):
-        data = host_copy(leaf)
-        np.save(f, np.asarray(leaf) if data is None else data)
-    elif isinstance(leaf, (jax.Array, np.ndarray, np.generic)) or python_scalar_kind(
-        leaf
-    ):
-        np.save(f, np.asarray(leaf))
 
 
 def _read_array(
@@ -330,9 +261,7 @@ def entry_as_npy(handle: LeafReader) -> bytes:
     else:
         handle.take(handle.format_reader.read_data)
         return b""
-    out = io.BytesIO()
-    np.save(out, value)
-    return out.getvalue()
+    return record_bytes(value)
 
 
 def _decode_npy_bytes(handle: LeafReader, like: Any, mismatch: Any) -> Any:
@@ -342,21 +271,11 @@ def _decode_npy_bytes(handle: LeafReader, like: Any, mismatch: Any) -> Any:
     if not starts_npy_record(bytes(data[:8])):
         raise mismatch()
     name = f"{handle.format_reader.name}, entry {handle.meta.path}"
-    return _decode_npy_record(
-        io.BytesIO(data), name, handle.path, handle.key_path, like
-    )
+    return read_record_leaf(io.BytesIO(data), name, handle.path, handle.key_path, like)
 
 
-def _decode_npy_record(
-    stream: BinaryIO, name: str, path: str, key_path: Any, like: Any
-) -> Any:
-    """The leaf of the type of `like` in the `.npy` record at the start of
-    `stream` (outside any Equinox checkpoint: errors do not call it one)."""
-    reader = NpyReader(Source(stream, name), context="")
-    return decode_equinox_leaf(NpyLeafReader(reader, path, key_path), like)
-
-
-def _decode_leaf(handle: LeafReader, like: Any) -> Any:
+def decode_leaf(handle: LeafReader, like: Any) -> Any:
+    """The leaf of the type of `like` that the entry holds."""
     meta = handle.meta
     name = handle.format_reader.name
 
@@ -425,51 +344,3 @@ def _decode_leaf_as(handle: LeafReader, like: Any, mismatch: Any) -> Any:
         handle.take(handle.format_reader.read_data)  # checks the (empty) data
         return like
     raise mismatch()
-
-
-def default_deserialise_filter_spec(f: BinaryIO, like: Any) -> Any:
-    """Loads one leaf: the default `filter_spec` of
-    [`tree_deserialise_leaves`][filterax.tree_deserialise_leaves].
-
-    The restored leaf has the type of `like`: a JAX array (on `like`'s sharding
-    when `like` was committed to one, otherwise on the default device), a NumPy
-    array or scalar, or a Python scalar of `like`'s type. A
-    `jax.ShapeDtypeStruct` `like` gives a JAX array, so a model built with
-    `jax.eval_shape` can be loaded without first allocating it. Non-array
-    leaves (strings, functions) are returned from `like` unchanged. A leaf a
-    custom `filter_spec` saved with `numpy.save` (as Equinox's default does) is
-    read as such; so is the next record of any other binary file given as `f`.
-
-    **Arguments:**
-
-    - `f`: the file object `tree_deserialise_leaves` passed to the callable (or
-      any binary file positioned at a `.npy` record).
-    - `like`: the leaf of `like` at this position.
-
-    **Returns:** the restored leaf.
-
-    **Raises:** [`SerialisationError`][filterax.SerialisationError] naming the
-    key path when the stored value does not match `like` (kind, shape, dtype or
-    PRNG implementation) or its data is corrupted or truncated.
-
-    ```python
-    >>> import io
-    >>> import jax, jax.numpy as jnp
-    >>> import filterax as fx
-    >>> file = io.BytesIO()
-    >>> fx.tree_serialise_leaves(file, {"w": jnp.arange(3.0)})
-    >>> _ = file.seek(0)
-    >>> like = jax.eval_shape(lambda: {"w": jnp.zeros(3)})
-    >>> fx.tree_deserialise_leaves(file, like, fx.default_deserialise_filter_spec)
-    {'w': Array([0., 1., 2.], dtype=float32)}
-
-    ```
-    """
-    if isinstance(f, LeafReader):
-        return _decode_leaf(f, like)
-    if isinstance(f, NpyLeafReader):
-        return decode_equinox_leaf(f, like)
-    # Another file object: read as Equinox's default reads, one record.
-    name = getattr(f, "name", None)
-    label = repr(name) if isinstance(name, str) else f"<{type(f).__name__}>"
-    return _decode_npy_record(f, label, "at the file's position", None, like)

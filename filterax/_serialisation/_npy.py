@@ -1,11 +1,13 @@
-"""Reading checkpoints written by Equinox's `tree_serialise_leaves`.
+"""Reading NumPy `.npy` records: what the Equinox format (`_equinox.py`) and
+the NumPy format (`_numpy.py`) are made of.
 
-Such a file has no header and no key paths: it is NumPy `.npy` records, one
-after another, one per array or Python-scalar leaf of the saved pytree in its
-flattening order (other leaves write nothing). Each record is the magic
-`b"\\x93NUMPY"`, a version (1.0, 2.0 or 3.0), a little-endian header length
-(`u16` in version 1, `u32` after), a Python-literal header dict
-(`descr`, `fortran_order`, `shape`) and the raw data.
+A checkpoint written by Equinox's `tree_serialise_leaves` has no header and
+no key paths: it is `.npy` records, one after another, one per array or
+Python-scalar leaf of the saved pytree in its flattening order (other leaves
+write nothing). Each record is the magic `b"\\x93NUMPY"`, a version (1.0,
+2.0 or 3.0), a little-endian header length (`u16` in version 1, `u32` after),
+a Python-literal header dict (`descr`, `fortran_order`, `shape`) and the raw
+data.
 
 NumPy's own header parser reads the dict (it evaluates literals only); the
 lengths are checked against the bytes left in the file before anything is

@@ -16,12 +16,18 @@ from typing import IO
 
 from ._messages import SerialisationError
 
-__all__ = ["CHUNK", "Source"]
+__all__ = ["CHUNK", "Source", "file_label"]
 
 # Data moves in chunks: a checksum is taken while the chunk is still in cache,
 # and a stream of unknown length never makes the reader allocate more than
 # one chunk beyond what it delivered.
 CHUNK = 1 << 22
+
+
+def file_label(file: object) -> str:
+    """How a file object is named in error messages: its name, or its type."""
+    name = getattr(file, "name", None)
+    return repr(name) if isinstance(name, str) else f"<{type(file).__name__}>"
 
 
 def _is_seekable(stream: IO[bytes]) -> bool:

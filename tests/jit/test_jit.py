@@ -1,4 +1,4 @@
-"""Behaviour of `filterax.filter_jit` (API.md section 5)."""
+"""Behaviour of `filterax.filter_jit`."""
 
 from __future__ import annotations
 

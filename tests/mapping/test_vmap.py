@@ -1,4 +1,4 @@
-"""Behaviour of `filterax.filter_vmap` and `filterax.if_array` (API.md section 5)."""
+"""Behaviour of `filterax.filter_vmap` and `filterax.if_array`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Behaviour of `filterax.Module` (API.md section 1)."""
+"""Behaviour of `filterax.Module`."""
 
 from __future__ import annotations
 

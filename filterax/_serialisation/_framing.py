@@ -1,9 +1,10 @@
-"""The on-disk format of `tree_serialise_leaves`: framing, checksums, validation.
+"""The framing of filterax's file format: header, entries, footer, checksums,
+validation.
 
 This module knows nothing about pytrees or JAX: it reads and writes a header
 (the list of key paths) and a sequence of entries, each described by an
 [`EntryMeta`][] and followed by its data. The format is specified in
-`docs/serialisation-format.md`, and summarised in `_api.py`.
+`docs/serialisation-format.md`, and summarised in `_filterax.py`.
 
 Every length read from a file is checked before it is used: against the bytes
 left in the file when the stream knows them (see `_source.py`), and the
@@ -108,7 +109,7 @@ class EntryMeta:
     """What an entry header says about the data that follows it."""
 
     path: str  # `jax.tree_util.keystr` of the leaf
-    kind: str  # type tag, see `_api.py`
+    kind: str  # type tag, see `_filterax.py`
     dtype: str  # dtype name (`dtype_name`), or "" for entries without one
     shape: tuple[int, ...]
     nbytes: int
