@@ -8,7 +8,9 @@ outside `filterax/__init__.py` imports this package.
 
 May import: the core's public names from `_module`, `_filters`, `_tree`,
 `_pretty`, `_mapping`, `_eval_shape`, `_state`, `_missing`, `_ad`'s
-`unfrozen` (a frozen parameter as the array `lax` needs) and `_compat`'s
+`unfrozen` (a frozen parameter as the array `lax` needs) and
+`filter_checkpoint`, `_control`'s `filter_scan` and `_structure`'s error
+texts (for `Stacked`), and `_compat`'s
 `same_structure` (treedefs compared with their node classes), `_warnings`
 (deprecations, warnings attributed to the caller); `jax`, `jaxtyping`.
 """
@@ -70,6 +72,7 @@ from ._sequential import (
 )
 from ._shared import Shared as Shared
 from ._spectral_norm import SpectralNorm as SpectralNorm
+from ._stacked import Stacked as Stacked
 from ._stateful import (
     State as State,
     StateIndex as StateIndex,
@@ -119,6 +122,7 @@ __all__ = [
     "Sequential",
     "Shared",
     "SpectralNorm",
+    "Stacked",
     "State",
     "StateIndex",
     "StatefulLayer",
