@@ -9,7 +9,7 @@ from typing import Any
 import jax
 from jax.core import eval_jaxpr
 
-from ._compat import same_structure
+from ._compat import same_structure, traceback_boundary
 from ._eval_shape import is_shaped, traced_call
 from ._module import Module, field
 from ._split import StaticPart, split
@@ -87,6 +87,7 @@ class _TrivialClosureConvert(_ConvertedBase):
         return self.fn(*args, **kwargs)
 
 
+@traceback_boundary
 def filter_closure_convert(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Traces `fun` at example arguments into a pytree whose leaves are the
     values it closes over.

@@ -7,13 +7,45 @@ changes one fails loudly there instead of somewhere deep in a transform.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import jax.extend.core as _jax_core
-from jax._src import tree_util as _jax_tree_util
+from jax._src import traceback_util as _jax_traceback_util, tree_util as _jax_tree_util
 from jax.interpreters import ad, batching, mlir
+
+_C = TypeVar("_C", bound=Callable[..., Any])
+
+# The folder of the package. Its frames are left out of the tracebacks that
+# JAX filters (`jax_traceback_filtering`, on by default), as JAX leaves out its
+# own: an error raised in a user's function under a filtered transform shows
+# the user's lines, not filterax's. One registration covers every module.
+FILTERAX_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+_jax_traceback_util.register_exclusion(FILTERAX_DIRECTORY)
+
+
+def shown_in_tracebacks(filename: str) -> bool:
+    """Whether JAX keeps frames of `filename` in the tracebacks it filters, and
+    in the frames its debugger (`jax.debug.breakpoint`) shows: not for JAX's
+    own files nor for filterax's (registered above)."""
+    return _jax_traceback_util.include_filename(filename)
+
+
+def traceback_boundary(fun: _C) -> _C:
+    """`fun` as a point below which JAX filters tracebacks (JAX's
+    `api_boundary`, as on `jax.jit`'s wrappers).
+
+    JAX filters the traceback of an error when it leaves the outermost
+    boundary, dropping the frames of registered folders (JAX's, and
+    `FILTERAX_DIRECTORY`) below it. Frames above it are the user's when the
+    boundary is the public entry point of a transform; otherwise the frames of
+    filterax between the user and JAX's own boundary would stay. Nested
+    boundaries are cheap: only the outermost filters.
+    """
+    return _jax_traceback_util.api_boundary(fun)
+
 
 # The start of the warning JAX emits when a donated buffer cannot be reused for
 # an output. Its text is not an API; the filters that silence it match on it.

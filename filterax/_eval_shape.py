@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
+from ._compat import traceback_boundary
 from ._filters import is_array, is_ref
 from ._split import StaticPart, split
 
@@ -102,6 +103,7 @@ def _known_shardings(
     return known
 
 
+@traceback_boundary
 def filter_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The output shapes and dtypes of `fun(*args, **kwargs)`, computed without
     running it.

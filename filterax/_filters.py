@@ -355,6 +355,10 @@ def combine(*pytrees: PyTree, is_leaf: Callable[[Any], bool] | None = None) -> P
 
     **Returns:** the merged pytree.
 
+    **Raises:** `ValueError` naming the key path where a pytree does not have
+    the structure of the first one (a `None` in the first may stand for a
+    whole subtree); `TypeError` when no pytree is given.
+
     ```python
     >>> import filterax as fx
     >>> fx.combine([1, None], [None, 2])
@@ -382,5 +386,21 @@ def combine(*pytrees: PyTree, is_leaf: Callable[[Any], bool] | None = None) -> P
                     f"0 at {difference.where()}: {difference.detail}. The pytrees "
                     "must share one structure, with None where a leaf (or a whole "
                     "subtree) is absent, as `partition` produces them."
+                ) from None
+        # The same structure but for a None (or an `is_leaf` node) in a later
+        # pytree where pytree 0 has a subtree: the structure is pytree 0's.
+        for index, other in enumerate(pytrees[1:], start=1):
+            difference = prefix_difference(
+                pytrees[0], other, lambda x: leaf_test(x) or one_level(x) is None
+            )
+            if difference is not None:
+                stand_in = "None" if is_leaf is None else "None (or an `is_leaf` node)"
+                raise ValueError(
+                    f"combine: pytree {index} has {stand_in} at {difference.where()}, "
+                    "where pytree 0 has a subtree. combine takes the structure of "
+                    "pytree 0, where a None may stand for a whole absent subtree, but "
+                    "in the later pytrees only leaves may be None: pass the pytree "
+                    "holding that subtree first, or give the others None at each of "
+                    "its leaves, as `partition` produces them."
                 ) from None
         raise

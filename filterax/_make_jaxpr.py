@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 
+from ._compat import traceback_boundary
 from ._eval_shape import is_shaped, traced_call
 from ._split import StaticPart, interleave, split
 
@@ -63,6 +64,7 @@ def filter_make_jaxpr(
 
     # `updated=()`: a Module's fields must not land in the wrapper's `__dict__`.
     @functools.wraps(fun, updated=())
+    @traceback_boundary
     def make_jaxpr(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
         dynamic, args_static = split((args, kwargs), is_shaped)
         body = traced_call(fun, args_static)

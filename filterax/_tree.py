@@ -63,6 +63,35 @@ class _LeafMarker:
     def __repr__(self) -> str:
         return f"<leaf at {path_text('', self.position.path)}>"
 
+    def __getitem__(self, index: Any) -> Any:
+        where = path_text("", self.position.path)
+        raise _LeafIndexError(
+            f"tree_at: `where` indexes into the leaf at {where} (with {index!r}), "
+            "but `where` must only index into the structure of `pytree`: leaves, "
+            "and nodes that `is_leaf` stops at, are selected whole. Select the "
+            "leaf and change it with `replace_fn` instead, e.g. "
+            "`replace_fn=lambda w: w.at[...].set(...)`."
+        )
+
+
+class _Index:
+    """Every place of the pytree given to `tree_at`, found from the objects of
+    its placeholder copy.
+
+    `by_id` maps the `id` of every object in the copy to its position (or to
+    `_AMBIGUOUS` when a node type hands out one object for several places).
+    `nones` lists the positions of the `None`s that stay `None` in the copy
+    (all of them, unless `is_leaf` makes `None` a leaf): `None` is an empty
+    subtree to JAX, and keeping it lets `where` test `x is None` alike on
+    `pytree` and on the copy, as Equinox, which wraps only leaves, allows.
+    """
+
+    __slots__ = ("by_id", "nones")
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, Any] = {}
+        self.nones: list[_Position] = []
+
 
 class _MarkedTuple(tuple):
     """A tuple of the placeholder copy. Always a fresh object (Python interns
@@ -91,12 +120,46 @@ class _MarkedList(list):
             raise _index_error(self, index) from None
 
 
+class _MarkedDict(dict):
+    """A dict of the placeholder copy: a missing key names where in `pytree`
+    the dict is, and which keys it has."""
+
+    path: jtu.KeyPath
+
+    def __missing__(self, key: Any) -> Any:
+        keys = ", ".join(repr(k) for k in list(self)[:8])
+        more = ", ..." if len(self) > 8 else ""
+        raise _PathKeyError(
+            f"tree_at: key {key!r} is not in the dict at "
+            f"{path_text('', self.path)}, whose keys are {{{keys}{more}}}. "
+            "`where` must select nodes that exist in `pytree`."
+        )
+
+
+@functools.cache
+def _marked_namedtuple_type(cls: type) -> type:
+    """A subclass of the namedtuple type `cls` whose index past the end names
+    where in `pytree` it is (JAX flattens it as a namedtuple)."""
+
+    def getitem(self: Any, index: Any) -> Any:
+        try:
+            return cls.__getitem__(self, index)
+        except IndexError:
+            raise _index_error(self, index) from None
+
+    return type(cls.__name__, (cls,), {"__getitem__": getitem})
+
+
 def _unflatten_marked(aux: Any, children: Iterable[Any]) -> Any:
     return list(children)
 
 
-# Pytree nodes like the list and tuple they stand for, so that a `where` that
-# walks the tree with `jax.tree_util` sees the same structure.
+def _unflatten_marked_dict(keys: Any, children: Iterable[Any]) -> Any:
+    return dict(zip(keys, children))
+
+
+# Pytree nodes like the list, tuple and dict they stand for, so that a `where`
+# that walks the tree with `jax.tree_util` sees the same structure.
 for _marked in (_MarkedTuple, _MarkedList):
     jtu.register_pytree_with_keys(
         _marked,
@@ -107,6 +170,18 @@ for _marked in (_MarkedTuple, _MarkedList):
         _unflatten_marked,
         flatten_func=lambda node: (tuple(node), None),
     )
+jtu.register_pytree_with_keys(
+    _MarkedDict,
+    lambda node: (
+        tuple((jtu.DictKey(k), node[k]) for k in sorted(node)),
+        tuple(sorted(node)),
+    ),
+    _unflatten_marked_dict,
+    flatten_func=lambda node: (
+        tuple(node[k] for k in sorted(node)),
+        tuple(sorted(node)),
+    ),
+)
 
 
 class _PathIndexError(IndexError, ValueError):
@@ -115,18 +190,44 @@ class _PathIndexError(IndexError, ValueError):
     `ValueError`, as `tree_at`'s other complaints about `where` are."""
 
 
+class _PathKeyError(KeyError, ValueError):
+    """A key missing from a dict of `pytree`, naming where the dict is. A
+    `KeyError`, as the same key on `pytree` raises, and a `ValueError`."""
+
+    __str__ = ValueError.__str__
+
+
+class _LeafIndexError(TypeError, ValueError):
+    """`where` indexed into a leaf (a placeholder in the copy). A `TypeError`,
+    as indexing Equinox's placeholders raises, and a `ValueError`."""
+
+
+# The errors of the placeholder copy that name a place in `pytree`.
+_PATH_ERRORS = (_PathIndexError, _PathKeyError, _LeafIndexError)
+
+
 def _index_error(sequence: Any, index: Any) -> IndexError:
+    where = path_text("", sequence.path)
+    kind = "namedtuple" if hasattr(sequence, "_fields") else "tuple"
+    kind = "list" if isinstance(sequence, list) else kind
     return _PathIndexError(
-        f"index {index!r} is out of range for the {type(sequence).__mro__[1].__name__} "
-        f"at {path_text('', sequence.path)}, which has {len(sequence)} element(s)"
+        f"tree_at: index {index!r} is out of range for the {kind} at "
+        f"{where}, which has {len(sequence)} element(s). "
+        "`where` must select nodes that exist in `pytree`."
     )
 
 
 def _marked_sequence(marked: Any, path: jtu.KeyPath) -> Any:
+    """The placeholder copy of a list, tuple, namedtuple or dict, whose failed
+    lookups name their key path in `pytree`."""
     if type(marked) is tuple:
         marked = _MarkedTuple(marked)
     elif type(marked) is list:
         marked = _MarkedList(marked)
+    elif type(marked) is dict:
+        marked = _MarkedDict(marked)
+    elif isinstance(marked, tuple) and hasattr(type(marked), "_fields"):
+        marked = _marked_namedtuple_type(type(marked))(*marked)
     else:
         return marked
     marked.path = path
@@ -140,17 +241,18 @@ def _index_tree(
     node: Any,
     path: jtu.KeyPath,
     is_leaf: Callable[[Any], bool] | None,
-    by_id: dict[int, Any],
+    index: _Index,
 ) -> _Position:
-    """Records `node` and everything below it, and builds its marked copy.
-
-    `by_id` maps the `id` of every object in the marked copy to its position
-    (or to `_AMBIGUOUS` when a node type hands out one object for several
-    places). The marked copy is kept alive through `_Position.marked`, so the
-    ids stay valid while `tree_at` runs.
-    """
+    """Records `node` and everything below it in `index`, and builds its
+    placeholder copy. The copy is kept alive through `_Position.marked`, so
+    the ids in `index.by_id` stay valid while `tree_at` runs."""
     position = _Position(path, node)
-    if node is None or (is_leaf is not None and is_leaf(node)):
+    leaf = is_leaf is not None and is_leaf(node)
+    if node is None and not leaf:
+        position.marked = None
+        index.nones.append(position)
+        return position
+    if leaf:
         marked: Any = _LeafMarker(position)
     else:
         children, treedef = jtu.tree_flatten_with_path(
@@ -161,14 +263,14 @@ def _index_tree(
         else:
             position.treedef = treedef
             position.children = [
-                _index_tree(child, (*path, *keys), is_leaf, by_id)
+                _index_tree(child, (*path, *keys), is_leaf, index)
                 for keys, child in children
             ]
             marked = treedef.unflatten([c.marked for c in position.children])
             marked = _marked_sequence(marked, path)
     position.marked = marked
     key = id(marked)
-    by_id[key] = _AMBIGUOUS if key in by_id else position
+    index.by_id[key] = _AMBIGUOUS if key in index.by_id else position
     return position
 
 
@@ -209,8 +311,73 @@ def _failed_on_placeholders(error_type: type[Exception]) -> type[Exception]:
     return mixed
 
 
-def _lookup(obj: Any, by_id: dict[int, Any], what: str) -> _Position:
-    found = by_id.get(id(obj))
+class _SeveralNones(Exception):
+    """`where` returned a `None` and `pytree` has several (internal)."""
+
+
+def _of_type(error: Exception, error_type: type[Exception]) -> Exception:
+    """`error` (which names the place), also of `error_type`, the type that
+    the same `where` raised on `pytree` itself, so that code catching that
+    type still catches it."""
+    if isinstance(error, error_type):
+        return error
+    return _failed_on_placeholders(error_type)(str(error))
+
+
+def _lookup_none(index: _Index, what: str) -> _Position:
+    """The `None` that `where` returned: the only `None` of `pytree`. `None`
+    is one object, so one of several cannot be told apart (Equinox refuses
+    it too, for the same reason)."""
+    if len(index.nones) == 1:
+        return index.nones[0]
+    if not index.nones:
+        raise NotANodeError(
+            f"tree_at: {what} is None, and `pytree` holds no None. `where` must "
+            "return nodes or leaves of `pytree` itself."
+        )
+    raise _SeveralNones
+
+
+def _several_nones_error(
+    where: Callable[[Any], Any],
+    pytree: Any,
+    index: _Index,
+    is_leaf: Callable[[Any], bool] | None,
+) -> ValueError:
+    """Refuses a `None` that is one of several, naming which one `where`
+    meant where that can be found: by running `where` once more, on a copy
+    whose `None`s are placeholders too (only on this error path)."""
+
+    def none_or_leaf(x: Any) -> bool:
+        return x is None or (is_leaf is not None and is_leaf(x))
+
+    try:
+        copy = _index_tree(pytree, (), none_or_leaf, _Index())
+        selected = where(copy.marked)
+    except Exception:
+        selected = ()
+    if not isinstance(selected, (list, tuple)):
+        selected = (selected,)
+    meant = [
+        path_text("", item.position.path)
+        for item in selected
+        if isinstance(item, _LeafMarker) and item.position.original is None
+    ]
+    named = f"the None at {meant[0]}" if len(meant) == 1 else "a None"
+    paths = [path_text("", p.path) for p in index.nones]
+    listed = ", ".join(paths[:4]) + (", ..." if len(paths) > 4 else "")
+    return ValueError(
+        f"tree_at: `where` selects {named}, one of several Nones in `pytree` "
+        f"(at {listed}; each an empty subtree to JAX), so the place meant cannot "
+        "be told apart. Pass `is_leaf=lambda x: x is None` to treat them as "
+        "leaves, one of which can be replaced."
+    )
+
+
+def _lookup(obj: Any, index: _Index, what: str) -> _Position:
+    if obj is None:
+        return _lookup_none(index, what)
+    found = index.by_id.get(id(obj))
     if found is _AMBIGUOUS:
         raise ValueError(
             f"tree_at: {what} is {_describe(obj)}, which occurs at several places "
@@ -228,22 +395,29 @@ def _lookup(obj: Any, by_id: dict[int, Any], what: str) -> _Position:
 
 
 def _select(
-    where: Callable[[Any], Any], pytree: Any, root: _Position, by_id: dict[int, Any]
+    where: Callable[[Any], Any],
+    pytree: Any,
+    root: _Position,
+    index: _Index,
+    is_leaf: Callable[[Any], bool] | None,
 ) -> tuple[list[_Position], bool]:
     """Runs `where` and returns the selected positions, and whether `where`
     returned a sequence of nodes (rather than one node)."""
     try:
         marked = where(root.marked)
     except Exception as error:
-        # Wrong for the tree itself (a missing key, say): its own error, as
-        # Equinox gives it (ours, naming the place, for an index past the
-        # end). Otherwise `where` used the leaf values.
+        # Wrong for the tree itself too (an index past the end, a missing
+        # key): ours, naming the place, also of the type the tree's own error
+        # has (Equinox lets that through); its own where we cannot name the
+        # place. Otherwise `where` used the leaf values.
         try:
             where(pytree)
-        except Exception:
-            if isinstance(error, _PathIndexError):
-                raise error from None
+        except Exception as real_error:
+            if isinstance(error, _PATH_ERRORS):
+                raise _of_type(error, type(real_error)) from None
             raise
+        if isinstance(error, _LeafIndexError):
+            raise error from None
         raise _failed_on_placeholders(type(error))(
             "tree_at: `where` failed on a copy of `pytree` whose leaves were "
             f"replaced by placeholders ({type(error).__name__}: {error}). `where` "
@@ -252,19 +426,22 @@ def _select(
             "count as leaves."
         ) from error
     real = where(pytree)
-    found = by_id.get(id(marked))
-    if found is not None or not isinstance(marked, (list, tuple)):
-        # One node: `marked` itself is in the tree (a list or tuple that is a
-        # node of the tree counts as one node, not as a sequence of nodes).
-        positions = [_lookup(marked, by_id, "what `where` returned")]
-        is_sequence, reals = False, [real]
-    else:
-        positions = [
-            _lookup(item, by_id, f"element {i} of the sequence returned by `where`")
-            for i, item in enumerate(marked)
-        ]
-        is_sequence = True
-        reals = list(real) if isinstance(real, (list, tuple)) else []
+    found = index.by_id.get(id(marked))
+    try:
+        if found is not None or not isinstance(marked, (list, tuple)):
+            # One node: `marked` itself is in the tree (a list or tuple that is
+            # a node of the tree counts as one node, not as a sequence of nodes).
+            positions = [_lookup(marked, index, "what `where` returned")]
+            is_sequence, reals = False, [real]
+        else:
+            positions = [
+                _lookup(item, index, f"element {i} of the sequence returned by `where`")
+                for i, item in enumerate(marked)
+            ]
+            is_sequence = True
+            reals = list(real) if isinstance(real, (list, tuple)) else []
+    except _SeveralNones:
+        raise _several_nones_error(where, pytree, index, is_leaf) from None
     # `where` ran twice; if the two runs disagree, it looked at leaf values.
     if len(reals) != len(positions) or any(
         r is not p.original for r, p in zip(reals, positions)
@@ -272,7 +449,8 @@ def _select(
         raise ValueError(
             "tree_at: `where` selected different nodes on `pytree` than on a copy "
             "of it with placeholder leaves, so it depends on leaf values. `where` "
-            "must only use the structure of `pytree`."
+            "must only use the structure of `pytree` (attributes, items, and "
+            "which fields are None)."
         )
     seen: set[int] = set()
     for position in positions:
@@ -318,26 +496,6 @@ def _rebuild(
     return position.treedef.unflatten([node for node, _ in rebuilt]), True
 
 
-def _count_nones(position: _Position) -> int:
-    if position.children is None:
-        return position.original is None
-    return sum(map(_count_nones, position.children))
-
-
-def _refuse_one_none_of_several(root: _Position, positions: list[_Position]) -> None:
-    """Equinox tells a selected `None` apart by identity, so it refuses one of
-    several (they are one object); filterax refuses it too, for the same
-    programs to behave alike."""
-    for position in positions:
-        if position.original is None and _count_nones(root) > 1:
-            raise ValueError(
-                f"tree_at: `where` selects the None at {path_text('', position.path)}, "
-                "one of several Nones in `pytree` (each an empty subtree to JAX). "
-                "Pass `is_leaf=lambda x: x is None` to treat them as leaves, one "
-                "of which can be replaced."
-            )
-
-
 def tree_at(
     where: Callable[[Any], Any],
     pytree: PyTree,
@@ -358,10 +516,11 @@ def tree_at(
       (list or tuple), e.g. `lambda m: m.layers[-1].bias`. A node may be a
       leaf, a whole subtree or a `None` (an empty subtree to JAX); one of
       several `None`s needs `is_leaf=lambda x: x is None`, as in Equinox.
-      `where` may only index into the structure of `pytree`: it is also run
-      on a copy whose leaves are placeholders, which is how repeated values
-      (small ints, say) are told apart, and an index past the end of a list
-      there names the list's key path.
+      `where` may only index into the structure of `pytree` (and test which
+      fields are `None`, e.g. `[l.bias for l in m.layers if l.bias is not
+      None]`): it is also run on a copy whose leaves are placeholders, which
+      is how repeated values (small ints, say) are told apart, and an index
+      past the end of a list there names the list's key path.
     - `pytree`: the pytree to modify; any registered pytree, Modules included.
     - `replace`: the new value of the selected node; when `where` returns a
       sequence, a sequence of new values of the same length.
@@ -407,11 +566,9 @@ def tree_at(
     if has_replace_fn and not callable(replace_fn):
         raise TypeError(f"tree_at: `replace_fn` must be callable, got {replace_fn!r}.")
 
-    by_id: dict[int, Any] = {}
-    root = _index_tree(pytree, (), is_leaf, by_id)
-    positions, is_sequence = _select(where, pytree, root, by_id)
-    if not (is_leaf is not None and is_leaf(None)):
-        _refuse_one_none_of_several(root, positions)
+    index = _Index()
+    root = _index_tree(pytree, (), is_leaf, index)
+    positions, is_sequence = _select(where, pytree, root, index, is_leaf)
 
     if has_replace_fn:
         functions = [replace_fn] * len(positions)

@@ -28,10 +28,17 @@ def _add(path: jtu.KeyPath, update: Any, value: Any) -> Any:
     where = path_text("", path)
     if not is_array_like(value):
         kind = "an array" if is_array(update) else f"a {type(update).__name__}"
+        held = "None" if value is None else type(value).__name__
+        swapped = (
+            " Are the arguments swapped? apply_updates takes the model first, "
+            "then the updates."
+            if value is None
+            else ""
+        )
         raise TypeError(
             f"apply_updates: the update at {where} is {kind}, but the model holds "
-            f"{type(value).__name__} there; expected an array or a Python number "
-            "(use `None` to leave it alone)."
+            f"{held} there; expected an array or a Python number "
+            f"(use `None` to leave it alone).{swapped}"
         )
     if is_array(update) and np.shape(update) != np.shape(value):
         raise ValueError(

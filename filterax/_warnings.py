@@ -1,7 +1,8 @@
 """Warnings filterax gives: `FilteraxDeprecationWarning`, for names and
-arguments kept for code written against Equinox; and `warn_at_caller`, which
-attributes a warning to the user's code even when filterax's generated code
-(a Module's `__init__`) stands between."""
+arguments kept for code written against Equinox; `NoDifferentiableLeafWarning`,
+for a differentiation whose argument has nothing to differentiate; and
+`warn_at_caller`, which attributes a warning to the user's code even when
+filterax's generated code (a Module's `__init__`) stands between."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import warnings
 __all__ = [
     "GENERATED_FILENAME",
     "FilteraxDeprecationWarning",
+    "NoDifferentiableLeafWarning",
     "warn_at_caller",
     "warn_deprecated",
 ]
@@ -52,6 +54,44 @@ class FilteraxDeprecationWarning(FutureWarning, UserWarning):
 
 
 FilteraxDeprecationWarning.__module__ = "filterax"
+
+
+class NoDifferentiableLeafWarning(UserWarning):
+    """Warns that [`filter_grad`][filterax.filter_grad],
+    [`filter_value_and_grad`][filterax.filter_value_and_grad] or
+    [`filter_vjp`][filterax.filter_vjp] was given an argument to differentiate
+    that holds no differentiable leaf (no floating-point or complex array
+    outside a [`NonDifferentiable`][filterax.NonDifferentiable]), so every
+    gradient is `None` (or zero). Usually the arguments are in the wrong order
+    (the data first, the model second) or the parameters are integer arrays.
+
+    Shown once per call site, as Python shows warnings. A `UserWarning`; where
+    differentiating such an argument is meant, silence it with
+    `warnings.filterwarnings("ignore", category=fx.NoDifferentiableLeafWarning)`.
+
+    **Arguments:**
+
+    - `*args`: as for any warning; the first is the message.
+
+    **Returns:** the warning.
+
+    ```python
+    >>> import warnings
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> def loss(model, x):
+    ...     return (model * x).sum()
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     grads = fx.filter_grad(loss)(jnp.arange(3), jnp.ones(3))  # int "model"
+    >>> grads is None, caught[0].category is fx.NoDifferentiableLeafWarning
+    (True, True)
+
+    ```
+    """
+
+
+NoDifferentiableLeafWarning.__module__ = "filterax"
 
 
 def warn_at_caller(message: str, category: type[Warning], stacklevel: int) -> None:

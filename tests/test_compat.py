@@ -1,5 +1,7 @@
 """Fails loudly when a JAX internal that `filterax._compat` relies on changes."""
 
+import os
+import traceback
 import warnings
 
 import jax
@@ -7,8 +9,9 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
-from jax._src import tree_util as jax_tree_util
+from jax._src import traceback_util, tree_util as jax_tree_util
 
+import filterax
 from filterax import _compat
 
 
@@ -132,3 +135,30 @@ def test_an_identity_primitive_gets_every_rule_jax_asks_for():
     )
     assert (("jvp_t", "transpose", "vmap"), "mlir") in seen
     assert (("jvp_p", "vmap"), "abstract") in seen
+
+
+def test_filterax_frames_are_registered_with_jax_traceback_filtering():
+    # `_compat` registers the package folder once; JAX's filter and its debugger
+    # then hide filterax's frames as they hide JAX's.
+    folder = _compat.FILTERAX_DIRECTORY
+    assert folder == os.path.dirname(os.path.abspath(filterax.__file__))
+    assert folder in traceback_util._exclude_paths
+    assert not _compat.shown_in_tracebacks(os.path.join(folder, "_jit", "_api.py"))
+    assert not _compat.shown_in_tracebacks(traceback_util.__file__)
+    assert _compat.shown_in_tracebacks(__file__)
+
+
+def test_traceback_boundary_filters_the_frames_below_it():
+    def inner() -> None:
+        raise KeyError("user")
+
+    @_compat.traceback_boundary
+    def entry() -> None:
+        inner()
+
+    with pytest.raises(KeyError) as caught:
+        entry()
+    names = [frame.name for frame in traceback.extract_tb(caught.value.__traceback__)]
+    # `inner` is this test file's, so kept; JAX's re-raising wrapper is hidden.
+    assert "inner" in names and "reraise_with_filtered_traceback" not in names
+    assert entry.__name__ == "entry" and entry.__wrapped__ is not None

@@ -250,3 +250,18 @@ def test_combine_of_mismatched_trees_names_the_key_path():
         ValueError, match=r"pytree 1 .* at \['b'\]: a list of length 2 vs"
     ):
         fx.combine({"a": 1, "b": [1, 2]}, {"a": None, "b": [None, None, 3]})
+
+
+def test_combine_with_none_for_a_subtree_of_the_first_names_the_key_path():
+    arrays, _ = fx.partition(fx.nn.Linear(2, 3, key=KEY), fx.is_array)
+    with pytest.raises(ValueError, match=r"pytree 1 has None at the root, where"):
+        fx.combine(arrays, None)
+    with pytest.raises(ValueError, match=r"pytree 2 has None at \['a'\]\['b'\]"):
+        fx.combine({"a": {"b": [1]}}, {"a": {"b": [None]}}, {"a": {"b": None}})
+
+
+def test_combine_takes_a_none_in_the_first_tree_for_a_whole_subtree():
+    assert fx.combine({"a": None, "b": 1}, {"a": [2, 3], "b": None}) == {
+        "a": [2, 3],
+        "b": 1,
+    }

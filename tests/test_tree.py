@@ -70,6 +70,37 @@ def test_tree_at_index_past_the_end_of_a_list_names_its_key_path():
         fx.tree_at(lambda t: t["a"][1][5], {"a": [0, [1, 2]]}, 0)
 
 
+def test_tree_at_index_past_the_end_of_a_module_tuple_is_an_index_error():
+    mlp = fx.nn.MLP(2, 3, 4, 1, key=jax.random.key(0))
+    with pytest.raises(IndexError, match=r"index 7 .* tuple at \.layers, which has 2"):
+        fx.tree_at(lambda m: m.layers[7].weight, mlp, 0.0)
+
+
+def test_tree_at_index_past_the_end_of_a_namedtuple_names_its_key_path():
+    Pair = collections.namedtuple("Pair", "a b")
+    with pytest.raises(IndexError, match=r"index 2 .* namedtuple at \['p'\]"):
+        fx.tree_at(lambda t: t["p"][2], {"p": Pair(1, 2)}, 0)
+    assert fx.tree_at(lambda t: t["p"].b, {"p": Pair(1, 2)}, 0) == {"p": Pair(1, 0)}
+
+
+def test_tree_at_missing_dict_key_names_its_key_path_and_the_keys():
+    with pytest.raises(
+        KeyError, match=r"key 'x' is not in the dict at \[0\], whose keys"
+    ):
+        fx.tree_at(lambda t: t[0]["x"], [{"a": 1, "b": 2}], 0)
+
+
+def test_tree_at_index_into_a_numpy_leaf_names_the_leaf():
+    # Out of range on the NumPy array itself: still an IndexError, as there.
+    with pytest.raises(IndexError, match=r"indexes into the leaf at \[0\].*replace_fn"):
+        fx.tree_at(lambda t: t[0][3], [np.ones(2)], 0.0)
+
+
+def test_tree_at_index_into_a_jax_leaf_names_the_leaf():
+    with pytest.raises(TypeError, match=r"indexes into the leaf at \.weight"):
+        fx.tree_at(lambda m: m.weight[0], Linear(jnp.ones(2), None), 0.0)
+
+
 def test_tree_at_replaces_a_leaf_with_none():
     assert fx.tree_at(lambda t: t[0], [1, 2], None) == [None, 2]
 
@@ -196,9 +227,88 @@ def test_tree_at_rejects_a_computed_value():
 
 
 def test_tree_at_rejects_a_where_that_depends_on_leaf_values():
-    tree = [None, 1]
     with pytest.raises(ValueError, match="depends on leaf values"):
-        fx.tree_at(lambda t: [x for x in t if x is not None], tree, [0])
+        fx.tree_at(lambda t: t[0] if isinstance(t[0], int) else t[1], [1, 2], 0)
+
+
+def test_tree_at_rejects_a_where_that_filters_on_leaf_types_among_nones():
+    tree = [None, 1, "s"]
+    with pytest.raises(ValueError, match="depends on leaf values"):
+        fx.tree_at(lambda t: [x for x in t if isinstance(x, int)], tree, [0])
+
+
+def test_tree_at_lets_where_filter_out_nones_as_equinox_does():
+    tree = [None, 1, None, 2]
+    assert fx.tree_at(lambda t: [x for x in t if x is not None], tree, [5, 6]) == [
+        None,
+        5,
+        None,
+        6,
+    ]
+
+
+def test_tree_at_selects_the_biases_that_are_not_none_in_an_mlp():
+    # The idiom of Equinox programs that re-initialise biases.
+    mlp = fx.nn.MLP(2, 3, 4, 2, use_final_bias=False, key=jax.random.key(0))
+
+    def is_linear(x: Any) -> bool:
+        return isinstance(x, fx.nn.Linear)
+
+    def biases(m: Any) -> list:
+        return [
+            layer.bias
+            for layer in jax.tree.leaves(m, is_leaf=is_linear)
+            if is_linear(layer) and layer.bias is not None
+        ]
+
+    out = fx.tree_at(biases, mlp, replace_fn=jnp.ones_like)
+    assert [layer.bias is None for layer in out.layers] == [False, False, True]
+    for layer in out.layers[:2]:
+        np.testing.assert_array_equal(layer.bias, jnp.ones(4))
+    assert out.layers[2].weight is mlp.layers[2].weight
+
+
+def test_tree_at_selects_the_layers_whose_bias_is_none():
+    mlp = fx.nn.MLP(2, 3, 4, 2, use_final_bias=False, key=jax.random.key(0))
+    out = fx.tree_at(
+        lambda m: [layer.weight for layer in m.layers if layer.bias is None],
+        mlp,
+        replace_fn=jnp.zeros_like,
+    )
+    np.testing.assert_array_equal(out.layers[2].weight, jnp.zeros((3, 4)))
+    assert out.layers[0].weight is mlp.layers[0].weight
+
+
+def test_tree_at_where_may_branch_on_a_field_being_none():
+    model = Linear(jnp.ones(2), None)
+    out = fx.tree_at(lambda m: m.weight if m.bias is None else m.bias, model, 0.0)
+    assert out.weight == 0.0 and out.bias is None
+
+
+def test_tree_at_where_returning_the_only_none_among_a_filter():
+    model = MLP([Linear(jnp.ones(2), jnp.ones(2)), Linear(jnp.ones(2), None)], 1.0)
+    out = fx.tree_at(
+        lambda m: [layer.bias for layer in m.layers if layer.bias is None],
+        model,
+        [jnp.zeros(2)],
+    )
+    np.testing.assert_array_equal(out.layers[1].bias, jnp.zeros(2))
+    assert out.layers[0] is model.layers[0]
+
+
+def test_tree_at_names_the_none_meant_among_several():
+    model = MLP([Linear(jnp.ones(2), None), Linear(jnp.ones(2), None)], None)
+    with pytest.raises(
+        ValueError,
+        match=r"the None at \.layers\[1\]\.bias, one of several Nones in `pytree` "
+        r"\(at \.layers\[0\]\.bias, \.layers\[1\]\.bias, \.scale;.*is_leaf",
+    ):
+        fx.tree_at(lambda m: m.layers[1].bias, model, jnp.zeros(2))
+
+
+def test_tree_at_rejects_a_none_when_the_tree_holds_no_none():
+    with pytest.raises(ValueError, match="is None, and `pytree` holds no None"):
+        fx.tree_at(lambda t: None, [1, 2], 0)
 
 
 def test_tree_at_rejects_a_sequence_element_not_in_the_tree():

@@ -1,6 +1,8 @@
 """Deprecated names and arguments kept for Equinox code warn with
 `FilteraxDeprecationWarning`: shown by default, and a `UserWarning` as
-Equinox's are; `tree_inference` does not warn, as in Equinox."""
+Equinox's are; `tree_inference` does not warn, as in Equinox. Differentiating
+an argument with nothing to differentiate warns with
+`NoDifferentiableLeafWarning`."""
 
 from __future__ import annotations
 
@@ -68,3 +70,70 @@ def test_a_stacklevel_past_the_top_of_the_stack_still_warns():
 
     with pytest.warns(UserWarning, match="past the top"):
         warn_at_caller("past the top", UserWarning, 10_000)
+
+
+# ------------------------------------------------------- NoDifferentiableLeafWarning
+
+
+def _loss(model, x):
+    return (model * x).sum()
+
+
+def test_filter_grad_of_an_int_array_warns_naming_the_argument():
+    with pytest.warns(
+        fx.NoDifferentiableLeafWarning,
+        match=r"filter_grad: the first argument of `_loss` \(`model`\) holds no "
+        r"differentiable leaf \(an array of shape \(3,\) and dtype int32\)",
+    ) as caught:
+        grads = fx.filter_grad(_loss)(jnp.arange(3), jnp.ones(3))
+    assert grads is None
+    assert caught[0].filename == __file__  # the user's line, not filterax's
+
+
+def test_filter_grad_with_swapped_arguments_warns():
+    model = {"w": jnp.ones(3), "act": "relu"}
+
+    def loss(x, model):
+        return (model["w"] * x).sum()
+
+    with pytest.warns(fx.NoDifferentiableLeafWarning, match=r"`loss` \(`x`\)"):
+        fx.filter_grad(loss)(jnp.arange(3), model)
+
+
+def test_filter_value_and_grad_and_filter_vjp_warn_too():
+    with pytest.warns(fx.NoDifferentiableLeafWarning, match="filter_value_and_grad"):
+        fx.filter_value_and_grad(_loss)(jnp.arange(3), jnp.ones(3))
+    with pytest.warns(fx.NoDifferentiableLeafWarning, match="filter_vjp: the primals"):
+        fx.filter_vjp(lambda x: x["n"] * 2, {"n": jnp.arange(3)})
+
+
+def test_no_differentiable_leaf_warns_once_per_call_site():
+    grad = fx.filter_grad(_loss)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            grad(jnp.arange(3), jnp.ones(3))
+    assert [w.category for w in caught] == [fx.NoDifferentiableLeafWarning]
+
+
+def test_no_differentiable_leaf_warns_at_trace_time_under_filter_jit():
+    step = fx.filter_jit(fx.filter_grad(_loss))
+    with pytest.warns(fx.NoDifferentiableLeafWarning):
+        step(jnp.arange(3), jnp.ones(3))
+
+
+def test_no_warning_for_a_frozen_or_empty_argument_or_one_with_parameters():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fx.filter_grad(lambda m: m.value.sum())(fx.NonDifferentiable(jnp.ones(2)))
+        fx.filter_grad(lambda m, x: x.sum())(None, jnp.ones(2))
+        fx.filter_grad(lambda m: (m["w"] ** 2).sum())({"w": jnp.ones(2), "n": 3})
+
+
+def test_no_differentiable_leaf_warning_can_be_filtered_by_category():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=fx.NoDifferentiableLeafWarning)
+        assert fx.filter_grad(_loss)(jnp.arange(3), jnp.ones(3)) is None
+    assert issubclass(fx.NoDifferentiableLeafWarning, UserWarning)
+    assert fx.NoDifferentiableLeafWarning.__module__ == "filterax"

@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 
+from .._compat import traceback_boundary
 from .._filters import is_array
 from .._module import FunctionWrapper
 from .._split import StaticPart, split
@@ -21,6 +22,7 @@ __all__ = ["filter_checkpoint"]
 class _Checkpointed(FunctionWrapper):
     _transform_name = "filter_checkpoint"
 
+    @traceback_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         prevent_cse, policy = self.options
         # Refs are read-only in here: the backward pass runs `fun` again, which

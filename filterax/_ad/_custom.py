@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.custom_derivatives import SymbolicZero as _JaxSymbolicZero
 
+from .._compat import traceback_boundary
 from .._filters import (
     combine,
     is_array,
@@ -278,6 +279,7 @@ class filter_custom_jvp:
             "register one rule for all arguments with `def_jvp`."
         )
 
+    @traceback_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.fn_jvp is None:
             raise MissingRuleError(
@@ -534,6 +536,7 @@ class filter_custom_vjp:
         grad_diff = diff_def.unflatten(perturbations)
         return grad_diff, None, None, None
 
+    @traceback_boundary
     def __call__(self, vjp_arg: Any, /, *args: Any, **kwargs: Any) -> Any:
         if self.fn_fwd is None or self.fn_bwd is None:
             raise MissingRuleError(

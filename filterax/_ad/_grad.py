@@ -10,13 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._compat import traceback_boundary
 from .._filters import combine, is_array
 from .._module import FunctionWrapper
 from .._split import split
 from ._nondiff import partition_differentiable
 from ._perturbation import describe_leaf
 from ._refs import STOP_GRADIENT, shield_refs, unshield_refs
-from ._wrapper import first_argument, unpack_aux
+from ._wrapper import first_argument, unpack_aux, warn_if_nothing_differentiable
 
 __all__ = ["filter_grad", "filter_value_and_grad"]
 
@@ -49,6 +50,7 @@ def value_and_grad(
     differentiable leaves of `args[0]`."""
     x, other_args = first_argument(args, kwargs, name)
     diff, rest = partition_differentiable(x)
+    warn_if_nothing_differentiable(diff, x, fun, name, "the first argument")
     rest, other_args, kwargs = shield_refs((rest, other_args, kwargs), STOP_GRADIENT)
 
     def differentiable_part(diff_x: Any) -> Any:
@@ -69,6 +71,7 @@ def value_and_grad(
 class _ValueAndGrad(FunctionWrapper):
     _transform_name = "filter_value_and_grad"
 
+    @traceback_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         (has_aux,) = self.options
         return value_and_grad(self.fun, has_aux, self._transform_name, args, kwargs)
@@ -77,6 +80,7 @@ class _ValueAndGrad(FunctionWrapper):
 class _Grad(FunctionWrapper):
     _transform_name = "filter_grad"
 
+    @traceback_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         (has_aux,) = self.options
         value, grad = value_and_grad(

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
+from .._compat import traceback_boundary
 from .._filters import combine, is_array, is_inexact_array_like
 from .._module import FunctionWrapper
 from .._split import split
@@ -22,6 +23,7 @@ __all__ = ["filter_hessian", "filter_jacfwd", "filter_jacrev"]
 class _Jacobian(FunctionWrapper):
     _transform_name = "filter_jacobian"
 
+    @traceback_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         has_aux, reverse = self.options
         name = "filter_jacrev" if reverse else "filter_jacfwd"

@@ -9,7 +9,7 @@ import jax
 import jax.tree_util as jtu
 from jax.core import eval_jaxpr
 
-from .._compat import outputs_depending_on_inputs
+from .._compat import outputs_depending_on_inputs, traceback_boundary
 from .._filters import combine, is_array, is_inexact_array_like
 from .._split import split
 from ._nondiff import partition_differentiable
@@ -36,6 +36,7 @@ def filter_jvp(
 def filter_jvp(
     fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: Literal[True]
 ) -> tuple[Any, Any, Any]: ...
+@traceback_boundary
 def filter_jvp(
     fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = False
 ) -> tuple[Any, ...]:

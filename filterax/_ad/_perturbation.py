@@ -217,6 +217,15 @@ def _check_leaf(
             f"{describe_leaf(value)}."
         )
     if is_inexact_array_like(value) and not is_array(value):
+        if isinstance(value, complex) and not jnp.issubdtype(
+            info.dtype, jnp.complexfloating
+        ):
+            raise PerturbationError(
+                f"The {kind} at {at} is {describe_leaf(value)}, but the {owner} "
+                f"there is {info.description}. A real {owner} takes a real "
+                f"{kind}, never a complex one: pass a real value (its real part, "
+                "say)."
+            )
         if keep_scalars and info.python_scalar:
             return value
         weak = info.python_scalar and type(value) in (float, complex)

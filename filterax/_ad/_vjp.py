@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from .._compat import traceback_boundary
 from .._filters import combine, is_array
 from .._split import PyTreeDef, split
 from ._nondiff import partition_differentiable
@@ -20,7 +21,7 @@ from ._perturbation import (
     split_differentiable,
 )
 from ._refs import STOP_GRADIENT, shield_refs, unshield_refs
-from ._wrapper import unpack_aux
+from ._wrapper import unpack_aux, warn_if_nothing_differentiable
 
 __all__ = ["filter_vjp"]
 
@@ -151,6 +152,7 @@ def filter_vjp(
 def filter_vjp(
     fun: Callable, *primals: Any, has_aux: Literal[True]
 ) -> tuple[Any, VJPFunction, Any]: ...
+@traceback_boundary
 def filter_vjp(fun: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
     """Reverse-mode derivative (vector-Jacobian product) of `fun` at `primals`.
 
@@ -200,6 +202,7 @@ def filter_vjp(fun: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any
     ```
     """
     diff, rest = partition_differentiable(primals)
+    warn_if_nothing_differentiable(diff, primals, fun, "filter_vjp", "the primals")
     rest = shield_refs(rest, STOP_GRADIENT)
 
     def differentiable_part(diff_primals: tuple) -> Any:

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 
+from .._compat import traceback_boundary
 from ._parts import first_difference, same_avals, split_parts
 
 __all__ = ["filter_cond", "filter_switch"]
@@ -82,6 +83,7 @@ def _check_agree(where: str, names: Sequence[str], outputs: dict[int, _Output]) 
         ) from None
 
 
+@traceback_boundary
 def filter_cond(
     pred: Any,
     true_fun: Callable[..., Any],
@@ -129,6 +131,7 @@ def filter_cond(
     )
 
 
+@traceback_boundary
 def filter_switch(
     index: Any, branches: Sequence[Callable[..., Any]], *operands: Any
 ) -> Any:

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax.core import Tracer
 
+from .._compat import traceback_boundary
 from .._structure import describe_value
 from ._checkpointed import checkpointed_while
 from ._guard import forward_mode_only
@@ -80,6 +81,7 @@ def _condition(where: str, parts: Parts, cond_fun: Callable) -> Callable:
     return flat_cond
 
 
+@traceback_boundary
 def filter_while_loop(
     cond_fun: Callable[[Carry], Any],
     body_fun: Callable[[Carry], Carry],
@@ -268,6 +270,7 @@ def _masked_step(
     return [jnp.where(running, new, old) for new, old in zip(after, c)]
 
 
+@traceback_boundary
 def filter_fori_loop(
     lower: Any,
     upper: Any,

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from .._compat import traceback_boundary
 from .._filters import is_array
 from .._structure import describe_value, path_text
 from ._jaxpr import trace_body
@@ -21,6 +22,7 @@ X = TypeVar("X")
 Y = TypeVar("Y")
 
 
+@traceback_boundary
 def filter_scan(
     f: Callable[[Carry, X], tuple[Carry, Y]],
     init: Carry,

@@ -12,7 +12,7 @@ from typing import Any, TypeVar, overload
 import jax
 import jax.tree_util as jtu
 
-from .._compat import donation_warning_ignored
+from .._compat import donation_warning_ignored, traceback_boundary
 from .._errors import runtime_error_from
 from .._filters import is_array
 from .._split import flatten, is_module_type
@@ -109,6 +109,7 @@ class JitWrapper:
         `*-except-first` modes). Only called when no argument is positional."""
         return args, kwargs
 
+    @traceback_boundary
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         if not args and kwargs:
             args, kwargs = self._arrange(args, kwargs)
@@ -172,7 +173,7 @@ class JitWrapper:
                 key = last
             else:
                 key = compiled.last_call = CallKey(tokens, names)
-        except TypeError:
+        except Exception:
             raise_if_unhashable(args, kwargs)
             raise
         if self.donates:
@@ -306,6 +307,7 @@ class _SilencingMixin(JitWrapper):
     """For `donate="all"` and `"all-except-first"`: undoes, once the call
     returns, the warning filter that tracing installed."""
 
+    @traceback_boundary
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         depth = silencing_depth()
         try:
@@ -337,6 +339,7 @@ class _ShardedMixin(JitWrapper):
     before the call (see `_layout`). A subclass, so that calls without
     shardings pay nothing for it."""
 
+    @traceback_boundary
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         layout: Layout = self.compiled.layout  # type: ignore[assignment]
         mesh = layout.explicit_mesh

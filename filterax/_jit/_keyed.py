@@ -115,12 +115,17 @@ class CallKey(int):
     def __eq__(self, other: object) -> bool:
         if other is self:
             return True
-        return (
-            other.__class__ is CallKey
-            and int(self) == int(other)  # type: ignore[call-overload]
-            and self.names == other.names  # type: ignore[attr-defined]
-            and self.tokens == other.tokens  # type: ignore[attr-defined]
-        )
+        try:
+            return (
+                other.__class__ is CallKey
+                and int(self) == int(other)  # type: ignore[call-overload]
+                and self.names == other.names  # type: ignore[attr-defined]
+                and self.tokens == other.tokens  # type: ignore[attr-defined]
+            )
+        except Exception:
+            # A static leaf whose `==` raises: the keys are told apart, and the
+            # call that made this key reports the leaf by its key path.
+            return False
 
     def __ne__(self, other: object) -> bool:
         return not self == other
@@ -288,7 +293,8 @@ class UnhashableArgumentError(TypeError, ValueError):
 
 
 def raise_if_unhashable(args: tuple, kwargs: dict) -> None:
-    """Raises a `TypeError` naming the first unhashable static argument leaf."""
+    """Raises a `TypeError` naming the first static argument leaf that cannot
+    key a cache: unhashable, or with an `==` that raises."""
     leaves_with_paths = jtu.tree_leaves_with_path((args, kwargs))
     kinds = leaf_kinds([leaf for _, leaf in leaves_with_paths])
     for (path, leaf), kind in zip(leaves_with_paths, kinds):
@@ -303,4 +309,16 @@ def raise_if_unhashable(args: tuple, kwargs: dict) -> None:
                 "array leaves and treats every other leaf as static, so it must "
                 "be hashable. Pass it as a JAX/NumPy array, make it hashable "
                 "(e.g. a tuple instead of a set), or register it as a pytree."
+            ) from None
+        try:
+            bool(leaf == leaf)
+        except Exception as error:
+            raise UnhashableArgumentError(
+                f"filter_jit: the argument at {argument_path(path)} is a static "
+                f"{type(leaf).__name__} whose `==` raised "
+                f"{type(error).__name__}: {error}. filter_jit compares static "
+                "leaves with `==` to find their compiled code, so `==` must "
+                "return a bool: give the class an `__eq__` that does (and a "
+                "matching `__hash__`), pass the value as an array, or close "
+                "over it."
             ) from None

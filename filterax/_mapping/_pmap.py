@@ -15,7 +15,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from .._compat import donation_warning_ignored
+from .._compat import donation_warning_ignored, traceback_boundary
 from .._module import FunctionWrapper
 from .._split import StaticPart, is_dynamic_leaf, shape_signature
 from .._structure import argument_path, differences_text
@@ -114,6 +114,7 @@ class PmapWrapper(FunctionWrapper):
             axes.append(0)
         return tuple(axes), call, dynamic
 
+    @traceback_boundary
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         axes, call, dynamic = self._prepare(args, kwargs)
         try:
@@ -241,6 +242,7 @@ class PmapCompiled:
         self._compiled = compiled
         self._lowered = lowered
 
+    @traceback_boundary
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         lowered = self._lowered
         wrapper = lowered._wrapper

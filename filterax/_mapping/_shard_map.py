@@ -29,6 +29,7 @@ from jax.core import Tracer
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from .._caches import register_cache_clearer
+from .._compat import traceback_boundary
 from .._filters import is_ref
 from .._module import FunctionWrapper
 from .._split import StaticPart, split
@@ -330,6 +331,7 @@ class ShardMapWrapper(FunctionWrapper):
             chosen.append(spec)
         return tuple(chosen)
 
+    @traceback_boundary
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         mesh = self.mesh
         if mesh is None and jax.sharding.get_abstract_mesh().empty:

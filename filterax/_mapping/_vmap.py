@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._compat import traceback_boundary
 from .._filters import is_ref
 from .._module import FunctionWrapper
 from ._axes import (
@@ -59,6 +60,7 @@ class VmapWrapper(FunctionWrapper):
     def _from_options(cls, fun: Callable[..., Any], options: tuple) -> VmapWrapper:
         return cls(fun, *options)
 
+    @traceback_boundary
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         call = map_arguments(self.fun, self.in_axes, args, kwargs, _WHO)
         batch_size(call, self.axis_size, _WHO)

@@ -60,6 +60,9 @@ class StaticArrayWarning(UserWarning):
     """
 
 
+StaticArrayWarning.__module__ = "filterax"  # its public name in messages
+
+
 def field(
     *,
     static: bool = False,

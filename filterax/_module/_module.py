@@ -12,6 +12,7 @@ from typing import Any
 import jax.tree_util as jtu
 from typing_extensions import dataclass_transform
 
+from .._compat import traceback_boundary
 from .._pretty import tree_pformat
 from .._tree import tree_equal
 from ._abstract import abstract_error, resolve_abstract_attributes
@@ -286,6 +287,14 @@ class Module(metaclass=_ModuleMeta):
     def __reduce__(self) -> tuple[Any, ...]:
         return unpickle, (type(self), dict(self.__dict__))
 
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        """Treescope's display hook: fields by name, arrays summarised."""
+        # Imported here: treescope is an optional extra, and `import filterax`
+        # must not import it; this runs only when treescope displays a Module.
+        from .. import _treescope
+
+        return _treescope.render_module(self, path, subtree_renderer)
+
 
 class BoundMethod(Module):
     """A method bound to a Module instance, itself a Module.
@@ -321,6 +330,7 @@ class BoundMethod(Module):
     __func__: Callable[..., Any] = dataclasses.field(metadata={"static": True})
     __self__: Any
 
+    @traceback_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.__func__(self.__self__, *args, **kwargs)
 

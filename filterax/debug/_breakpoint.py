@@ -16,7 +16,11 @@ __all__ = ["breakpoint_if"]
 def _open_in_this_frame(kwargs: dict[str, Any]) -> Any:
     """Opens the debugger showing only this frame, whose locals `vmap` never
     batches; returns an opaque `True` computed once it is closed."""
-    return jax.debug.breakpoint(token=jnp.asarray(True), **kwargs, num_frames=1)
+    # filterax's frames are excluded from JAX's filtered tracebacks, which the
+    # debugger also uses: this one frame must be shown unfiltered.
+    return jax.debug.breakpoint(
+        token=jnp.asarray(True), **{**kwargs, "filter_frames": False}, num_frames=1
+    )
 
 
 def _after(marker: Any, token: Any) -> Any:
@@ -36,8 +40,8 @@ def breakpoint_if(pred: Any, **kwargs: Any) -> Any:
     """Opens JAX's debugger (`jax.debug.breakpoint`) only when `pred` is true.
 
     Works under `jit`, `vmap` (the debugger opens once if any batch element's
-    `pred` is true) and differentiation. The debugger starts in filterax's own
-    frames: enter `u` to move up to your code. Under `vmap`, JAX cannot show
+    `pred` is true) and differentiation. The debugger opens in your code
+    (filterax's frames are hidden, as JAX hides its own). Under `vmap`, JAX cannot show
     frames whose values are batched, so the debugger then shows only a frame of
     filterax's own.
 

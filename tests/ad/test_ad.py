@@ -98,12 +98,16 @@ def _reference_grad(tree: Any) -> Any:
     return jtu.tree_unflatten(treedef, expected)
 
 
+# Random trees may hold no differentiable leaf: that warning is not what is tested.
+@pytest.mark.filterwarnings("ignore::filterax.NoDifferentiableLeafWarning")
 @settings(max_examples=25, deadline=None)
 @given(TREES)
 def test_grad_matches_jax_grad_on_partitioned_arrays(tree):
     assert_trees_close(fx.filter_grad(_loss)(tree), _reference_grad(tree), rtol=1e-6)
 
 
+# Random trees may hold no differentiable leaf: that warning is not what is tested.
+@pytest.mark.filterwarnings("ignore::filterax.NoDifferentiableLeafWarning")
 @settings(max_examples=25, deadline=None)
 @given(TREES, st.integers(0, 2**31 - 1))
 def test_grad_matches_finite_differences(tree, seed):
@@ -128,6 +132,8 @@ def test_grad_matches_finite_differences(tree, seed):
     assert directional == pytest.approx(finite_difference, rel=1e-2, abs=1e-2)
 
 
+# Random trees may hold no differentiable leaf: that warning is not what is tested.
+@pytest.mark.filterwarnings("ignore::filterax.NoDifferentiableLeafWarning")
 @settings(max_examples=25, deadline=None)
 @given(TREES)
 def test_vjp_matches_grad_on_random_trees(tree):
@@ -886,6 +892,19 @@ def test_a_complex_cotangent_for_a_real_output_names_the_path_and_says_why():
         ValueError, match=r"out\['y'\].*real output takes a real cotangent"
     ):
         vjp_fn({"y": jnp.ones(2, jnp.complex64)})
+
+
+def test_a_python_complex_cotangent_for_a_real_scalar_output_names_the_path():
+    _, vjp_fn = fx.filter_vjp(lambda x: {"y": (x**2).sum()}, jnp.ones(2))
+    with pytest.raises(
+        ValueError, match=r"out\['y'\] is a Python complex.*real output takes a real"
+    ):
+        vjp_fn({"y": 1j})
+
+
+def test_a_python_complex_tangent_for_a_real_primal_names_the_path():
+    with pytest.raises(ValueError, match=r"tangents\[0\] is a Python complex"):
+        fx.filter_jvp(lambda x: x * 2, (jnp.ones(()),), (1j,))
 
 
 def test_an_eager_vjp_function_builds_one_transpose_per_live_set(monkeypatch):

@@ -1235,3 +1235,17 @@ def test_a_module_argument_traces_once_outside_and_under_grad_and_vmap():
     assert len(traces) == 1
     jax.vmap(lambda w: apply(Scale(w), x))(jnp.ones((2, 3)))
     assert len(traces) == 1
+
+
+def test_a_static_argument_whose_eq_raises_is_named_by_its_key_path():
+    class Incomparable:
+        def __hash__(self) -> int:
+            return 0
+
+        def __eq__(self, other: object) -> bool:
+            raise ValueError("cannot compare")
+
+    add_one = fx.filter_jit(lambda x, static: x + 1)
+    with pytest.raises(TypeError, match=r"args\[1\] is a static Incomparable whose"):
+        add_one(jnp.ones(2), Incomparable())
+        add_one(jnp.ones(2), Incomparable())
