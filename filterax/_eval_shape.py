@@ -47,6 +47,12 @@ def _ref_struct(leaf: Any) -> Any:
 
 
 def _input_sharding(leaf: Any) -> Any:
+    # An uncommitted array (on the default device because nothing placed it)
+    # has no sharding to keep, as in `jax.eval_shape`: templates compare equal
+    # whether a value was passed through or computed.
+    if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+        if not leaf.committed:
+            return None
     sharding = getattr(leaf, "sharding", None)
     return sharding if isinstance(sharding, jax.sharding.Sharding) else None
 
