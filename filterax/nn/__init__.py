@@ -12,7 +12,8 @@ May import: the core's public names from `_module`, `_filters`, `_tree`,
 `filter_checkpoint`, `_control`'s `filter_scan` and `_structure`'s error
 texts (for `Stacked`), and `_compat`'s
 `same_structure` (treedefs compared with their node classes), `_warnings`
-(deprecations, warnings attributed to the caller); `jax`, `jaxtyping`.
+(deprecations, warnings attributed to the caller), `_sharding`'s helpers
+for the layers' default logical axes and `axes=` overrides; `jax`, `jaxtyping`.
 """
 
 from typing import NoReturn as _NoReturn
