@@ -146,20 +146,47 @@ def make_batches(key: jax.Array, steps: int, batch: int) -> tuple[jax.Array, ...
     return xs, ys
 
 
-def plot_history(history: list[Losses], path: str) -> None:
+def plot_history(
+    history: list[Losses], phases: list[tuple[int, str]], path: str
+) -> None:
+    """Plots the per-step losses: the two losses that some phase trains on a log
+    scale above, the monitored weight norm (a hundred times larger, on its own
+    scale) below, with a line where each phase starts."""
     import matplotlib
 
     matplotlib.use("Agg")  # write a file; never open a window
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(5.5, 3.5))
-    for name in ("fit", "smooth", "weight_norm"):
-        values = jnp.concatenate([getattr(h, name) for h in history])
-        axes.plot(values, label=name, linewidth=0.8)
-    axes.set_yscale("log")
-    axes.set_xlabel("step")
-    axes.set_title("custom_scan_vjp.py: trained and monitored losses")
-    axes.legend()
+    figure, (losses_axes, norm_axes) = plt.subplots(
+        2, 1, figsize=(6.5, 5), sharex=True, height_ratios=(2, 1)
+    )
+    series = {
+        name: jnp.concatenate([getattr(h, name) for h in history])
+        for name in ("fit", "smooth", "weight_norm")
+    }
+    losses_axes.plot(series["fit"], label="fit (trained in both phases)", lw=0.8)
+    losses_axes.plot(series["smooth"], label="smooth (trained in phase 2, x10)", lw=0.8)
+    losses_axes.set_yscale("log")
+    losses_axes.set_ylabel("loss per batch (log scale)")
+    norm_axes.plot(series["weight_norm"], color="tab:green", lw=0.8)
+    norm_axes.set_ylabel("weight norm\n(monitored only)")
+    norm_axes.set_xlabel("training step")
+    for axes in (losses_axes, norm_axes):
+        for start, _ in phases[1:]:
+            axes.axvline(start, color="grey", linestyle="--", linewidth=1)
+    for start, name in phases:
+        losses_axes.annotate(
+            f"phase: {name}",
+            xy=(start, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, -4),
+            textcoords="offset points",
+            va="top",
+            fontsize=8,
+            color="dimgrey",
+        )
+    losses_axes.legend(loc="lower left", fontsize=8)
+    losses_axes.set_title("custom_scan_vjp.py: trained and monitored losses")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -182,6 +209,7 @@ def main() -> int:
     state = TrainState(model, jnp.array(0), "")
     by_hand = state
     history: list[Losses] = []
+    phase_starts: list[tuple[int, str]] = []
     largest_difference = 0.0
     start = time.perf_counter()
     for phase, trained in phases:
@@ -190,6 +218,7 @@ def main() -> int:
         state = TrainState(state.model, state.steps, phase)
         by_hand = TrainState(by_hand.model, by_hand.steps, phase)
         print(f"phase: {phase}")
+        phase_starts.append((int(state.steps), phase))
         for _ in range(chunks):
             data_key, key = jax.random.split(data_key)
             batches = make_batches(key, steps_per_chunk, 64)
@@ -225,7 +254,7 @@ def main() -> int:
         f"{'agree' if agree else 'DISAGREE'}: largest difference "
         f"{largest_difference:.2e} over models and losses"
     )
-    plot_history(history, args.out)
+    plot_history(history, phase_starts, args.out)
     print(f"loss curves written to {args.out}")
     return 0 if agree and last_fit < first_fit else 1
 
