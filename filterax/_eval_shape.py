@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import jax.tree_util as jtu
+from jax.core import Tracer
 
 from ._compat import traceback_boundary
 from ._filters import is_array, is_ref
@@ -50,7 +51,7 @@ def _input_sharding(leaf: Any) -> Any:
     # An uncommitted array (on the default device because nothing placed it)
     # has no sharding to keep, as in `jax.eval_shape`: templates compare equal
     # whether a value was passed through or computed.
-    if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+    if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer):
         if not leaf.committed:
             return None
     sharding = getattr(leaf, "sharding", None)
