@@ -12,7 +12,6 @@ from typing import Any
 import jax.tree_util as jtu
 from typing_extensions import dataclass_transform
 
-from .._compat import traceback_boundary
 from .._pretty import tree_pformat
 from .._tree import tree_equal
 from ._abstract import abstract_error, resolve_abstract_attributes
@@ -330,7 +329,6 @@ class BoundMethod(Module):
     __func__: Callable[..., Any] = dataclasses.field(metadata={"static": True})
     __self__: Any
 
-    @traceback_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.__func__(self.__self__, *args, **kwargs)
 
