@@ -14,6 +14,8 @@ texts (for `Stacked`), and `_compat`'s
 `same_structure` (treedefs compared with their node classes), `_warnings`
 (deprecations, warnings attributed to the caller), `_sharding`'s helpers
 for the layers' default logical axes and `axes=` overrides; `jax`, `jaxtyping`.
+Helpers shared by several layers live in `_shared_helpers.py`; layers import
+those from there, and each other only for public classes.
 """
 
 from typing import NoReturn as _NoReturn

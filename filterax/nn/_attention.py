@@ -15,8 +15,9 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 from .._module import Module, field
 from .._sharding import sublayer_axes
 from .._state import RngStream
-from ._dropout import Dropout, _deprecated_deterministic, _dropout_active
-from ._linear import Linear, statistics_dtype
+from ._dropout import Dropout
+from ._linear import Linear
+from ._shared_helpers import deprecated_deterministic, dropout_active, statistics_dtype
 
 __all__ = ["MultiheadAttention"]
 
@@ -345,7 +346,7 @@ class MultiheadAttention(Module):
         `process_heads` changes a shape.
         """
         if deterministic is not None:
-            _deprecated_deterministic("MultiheadAttention()")
+            deprecated_deterministic("MultiheadAttention()")
             inference = deterministic
         self._check_inputs(query, key_, value, mask)
         query_heads = self._project(self.query_proj, query)
@@ -363,7 +364,7 @@ class MultiheadAttention(Module):
                     f"shapes it was given, {shapes}; it returned {new_shapes}."
                 )
         if isinstance(key, RngStream):
-            key = key() if _dropout_active(self.dropout, inference) else None
+            key = key() if dropout_active(self.dropout, inference) else None
         head_keys = None if key is None else jax.random.split(key, self.num_heads)
 
         def attend(query_head, key_head, value_head, head_mask, head_key):

@@ -12,8 +12,8 @@ from jaxtyping import Array, Bool, Inexact, Int, PRNGKeyArray
 from .._module import field
 from .._sharding import axes_overrides_field, declared_axes, layer_axes
 from .._warnings import warn_at_caller
-from ._linear import default_floating_dtype
 from ._sequential import StatefulLayer
+from ._shared_helpers import default_floating_dtype
 from ._stateful import State, StateIndex
 
 __all__ = ["BatchNorm"]

@@ -3,25 +3,31 @@ number of spatial dimensions, plus their 1/2/3-dimensional shorthands.
 
 Parameter shapes, initialisation, field order and call semantics follow
 `equinox.nn`, so that Equinox checkpoints load leaf by leaf. The argument
-parsers at the top are shared with `_pool.py`.
+parsers shared with the pools live in `_shared_helpers.py`.
 """
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar, cast
+from typing import ClassVar
 
 import jax
 import jax.lax as lax
 import jax.numpy as jnp
 import jax.random as jr
-import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from .._ad import unfrozen
 from .._module import Module, field
 from .._sharding import axes_overrides_field, layer_axes
-from ._linear import uniform_init
+from ._shared_helpers import (
+    PaddingPairsLike,
+    check_input,
+    is_int,
+    parse_ints,
+    parse_padding_pairs,
+    uniform_init,
+)
 
 __all__ = [
     "Conv",
@@ -34,8 +40,6 @@ __all__ = [
     "ConvTranspose3d",
 ]
 
-# One int, or one entry per spatial dimension: an int or a `(before, after)` pair.
-PaddingPairsLike = int | Sequence[int | Sequence[int]]
 PaddingLike = str | PaddingPairsLike
 Padding = str | tuple[tuple[int, int], ...]
 
@@ -43,79 +47,6 @@ _PADDING_STRINGS = ("SAME", "SAME_LOWER", "VALID")
 _PADDING_MODES = ("ZEROS", "REFLECT", "REPLICATE", "CIRCULAR")
 # `jnp.pad` names for the padding modes other than zeros.
 _JNP_PAD_MODES = {"REFLECT": "reflect", "REPLICATE": "edge", "CIRCULAR": "wrap"}
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _parse_ints(
-    value: int | Sequence[int], num_spatial_dims: int, name: str, minimum: int | None
-) -> tuple[int, ...]:
-    """An int (repeated per spatial dimension) or one int per spatial dimension,
-    each at least `minimum` (if given), as a tuple of Python ints."""
-    if _is_int(value):
-        values = (int(cast(int, value)),) * num_spatial_dims
-    elif (
-        isinstance(value, Sequence)
-        and len(value) == num_spatial_dims
-        and all(_is_int(v) for v in value)
-    ):
-        values = tuple(int(v) for v in value)
-    else:
-        raise ValueError(
-            f"`{name}` must be an int or a sequence of {num_spatial_dims} ints "
-            f"(one per spatial dimension), got {value!r}."
-        )
-    if minimum is not None and any(v < minimum for v in values):
-        raise ValueError(f"`{name}` must be at least {minimum}, got {value!r}.")
-    return values
-
-
-def _is_pair(value: object) -> bool:
-    return (
-        isinstance(value, Sequence)
-        and len(value) == 2
-        and all(_is_int(v) for v in value)
-    )
-
-
-def _padding_pairs_or_none(
-    padding: PaddingPairsLike, num_spatial_dims: int
-) -> tuple[tuple[int, int], ...] | None:
-    """`(before, after)` for each spatial dimension, or `None` if `padding` is
-    neither an int nor a sequence of ints/pairs of the right length."""
-    if _is_int(padding):
-        p = int(cast(int, padding))
-        return ((p, p),) * num_spatial_dims
-    if not isinstance(padding, Sequence) or len(padding) != num_spatial_dims:
-        return None
-    pairs = []
-    for entry in padding:
-        if _is_int(entry):
-            pairs.append((int(cast(int, entry)), int(cast(int, entry))))
-        elif _is_pair(entry):
-            before, after = cast(tuple[int, int], entry)
-            pairs.append((int(before), int(after)))
-        else:
-            return None
-    return tuple(pairs)
-
-
-def _parse_padding_pairs(
-    padding: PaddingPairsLike, num_spatial_dims: int, strings: bool = False
-) -> tuple[tuple[int, int], ...]:
-    """`(before, after)` for each spatial dimension; the error for anything else
-    also lists the padding strings when the caller accepts them (`strings`)."""
-    pairs = _padding_pairs_or_none(padding, num_spatial_dims)
-    if pairs is None:
-        also = "'SAME', 'SAME_LOWER', 'VALID', " if strings else ""
-        raise ValueError(
-            f"`padding` must be {also}an int, or a sequence of {num_spatial_dims} "
-            "entries (one per spatial dimension), each an int or a "
-            f"`(before, after)` pair of ints; got {padding!r}."
-        )
-    return pairs
 
 
 def _parse_padding(padding: PaddingLike, num_spatial_dims: int) -> Padding:
@@ -126,7 +57,7 @@ def _parse_padding(padding: PaddingLike, num_spatial_dims: int) -> Padding:
                 f"(any case), got {padding!r}."
             )
         return padding.upper()
-    return _parse_padding_pairs(padding, num_spatial_dims, strings=True)
+    return parse_padding_pairs(padding, num_spatial_dims, strings=True)
 
 
 def _parse_padding_mode(padding_mode: str) -> str:
@@ -139,7 +70,7 @@ def _parse_padding_mode(padding_mode: str) -> str:
 
 
 def _check_groups(in_channels: int, out_channels: int, groups: int) -> None:
-    if not _is_int(groups) or groups < 1:
+    if not is_int(groups) or groups < 1:
         raise ValueError(f"`groups` must be a positive int, got {groups!r}.")
     for name, channels in (
         ("in_channels", in_channels),
@@ -169,22 +100,6 @@ def _init_weight_and_bias(
         return weight, None
     bias_shape = (out_channels,) + (1,) * len(kernel_size)
     return weight, uniform_init(bias_key, bias_shape, dtype, limit)
-
-
-def _check_input(
-    layer: Module, x: Array, num_spatial_dims: int, channels: int | None = None
-) -> None:
-    """Refuses an `x` that is not `(channels, *spatial)` with `num_spatial_dims`
-    spatial dimensions; any number of channels when `channels` is `None`."""
-    if x.ndim != num_spatial_dims + 1 or (
-        channels is not None and x.shape[0] != channels
-    ):
-        shape = "(channels, " if channels is None else f"(channels={channels}, "
-        raise ValueError(
-            f"{type(layer).__name__} expects an input of shape {shape}*spatial) "
-            f"with {num_spatial_dims} spatial dimension(s) and no batch axis (use "
-            f"jax.vmap to batch), got shape {tuple(x.shape)}."
-        )
 
 
 def _convolve(
@@ -303,7 +218,7 @@ class Conv(Module):
         key: PRNGKeyArray,
         axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
-        kernel_size = _parse_ints(kernel_size, num_spatial_dims, "kernel_size", 1)
+        kernel_size = parse_ints(kernel_size, num_spatial_dims, "kernel_size", 1)
         _check_groups(in_channels, out_channels, groups)
         self.weight, self.bias = _init_weight_and_bias(
             key, in_channels, out_channels, kernel_size, groups, use_bias, dtype
@@ -313,9 +228,9 @@ class Conv(Module):
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = kernel_size
-        self.stride = _parse_ints(stride, num_spatial_dims, "stride", 1)
+        self.stride = parse_ints(stride, num_spatial_dims, "stride", 1)
         self.padding = _parse_padding(padding, num_spatial_dims)
-        self.dilation = _parse_ints(dilation, num_spatial_dims, "dilation", 1)
+        self.dilation = parse_ints(dilation, num_spatial_dims, "dilation", 1)
         self.groups = groups
         self.use_bias = use_bias
         self.padding_mode = _parse_padding_mode(padding_mode)
@@ -350,7 +265,7 @@ class Conv(Module):
         ```
         """
         del key
-        _check_input(self, x, self.num_spatial_dims, self.in_channels)
+        check_input(self, x, self.num_spatial_dims, self.in_channels)
         with jax.named_scope(f"filterax.nn.{type(self).__name__}"):
             padding = self.padding
             if self.padding_mode != "ZEROS":
@@ -568,10 +483,10 @@ class ConvTranspose(Module):
         axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
         n = num_spatial_dims
-        kernel_size = _parse_ints(kernel_size, n, "kernel_size", 1)
-        stride = _parse_ints(stride, n, "stride", 1)
+        kernel_size = parse_ints(kernel_size, n, "kernel_size", 1)
+        stride = parse_ints(stride, n, "stride", 1)
         # A negative `output_padding` crops the output (as in Equinox).
-        output_padding = _parse_ints(output_padding, n, "output_padding", None)
+        output_padding = parse_ints(output_padding, n, "output_padding", None)
         if any(o >= s for o, s in zip(output_padding, stride)):
             raise ValueError(
                 "`output_padding` must be smaller than `stride` in every dimension, "
@@ -604,7 +519,7 @@ class ConvTranspose(Module):
         self.stride = stride
         self.padding = padding
         self.output_padding = output_padding
-        self.dilation = _parse_ints(dilation, n, "dilation", 1)
+        self.dilation = parse_ints(dilation, n, "dilation", 1)
         self.groups = groups
         self.use_bias = use_bias
         self.padding_mode = padding_mode
@@ -663,7 +578,7 @@ class ConvTranspose(Module):
         ```
         """
         del key
-        _check_input(self, x, self.num_spatial_dims, self.in_channels)
+        check_input(self, x, self.num_spatial_dims, self.in_channels)
         with jax.named_scope(f"filterax.nn.{type(self).__name__}"):
             padding = self._transposed_padding()
             if self.padding_mode == "CIRCULAR":

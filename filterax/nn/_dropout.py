@@ -8,29 +8,9 @@ from jaxtyping import Array, PRNGKeyArray
 
 from .._module import Module
 from .._state import RngStream
-from .._warnings import warn_deprecated
+from ._shared_helpers import deprecated_deterministic, dropout_active
 
 __all__ = ["Dropout"]
-
-
-def _deprecated_deterministic(where: str) -> None:
-    """Warns that `where(deterministic=...)` is deprecated, pointing at the code
-    that called the method which calls this."""
-    warn_deprecated(
-        f"{where}(deterministic=...) is deprecated; use {where}(inference=...), "
-        "which means the same.",
-        stacklevel=3,
-    )
-
-
-def _dropout_active(dropout: Dropout, inference: bool | None) -> bool:
-    """Whether calling `dropout` with this `inference` argument drops elements
-    (and so needs a key): not in inference, and `p` not a Python zero."""
-    if inference is None:
-        inference = dropout.inference
-    if isinstance(dropout.p, (int, float)) and dropout.p == 0:
-        return False
-    return not inference
 
 
 class Dropout(Module):
@@ -78,7 +58,7 @@ class Dropout(Module):
         deterministic: bool | None = None,
     ):
         if deterministic is not None:
-            _deprecated_deterministic("Dropout")
+            deprecated_deterministic("Dropout")
             inference = deterministic
         if isinstance(p, (int, float)) and not 0 <= p <= 1:
             raise ValueError(f"Dropout: `p` must be in [0, 1], got {p}.")
@@ -126,9 +106,9 @@ class Dropout(Module):
         ```
         """
         if deterministic is not None:
-            _deprecated_deterministic("Dropout()")
+            deprecated_deterministic("Dropout()")
             inference = deterministic
-        if not _dropout_active(self, inference):
+        if not dropout_active(self, inference):
             return x
         if key is None:
             raise RuntimeError(

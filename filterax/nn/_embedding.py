@@ -11,7 +11,7 @@ from jaxtyping import Array, ArrayLike, Inexact, Int, PRNGKeyArray
 from .._filters import is_array_like
 from .._module import Module, field
 from .._sharding import axes_overrides_field, declared_axes, layer_axes
-from ._linear import check_key, default_floating_dtype, non_negative_int
+from ._shared_helpers import check_key, default_floating_dtype, non_negative_int
 
 __all__ = ["Embedding"]
 

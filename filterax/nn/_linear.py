@@ -1,83 +1,21 @@
-"""`Linear` and `Identity`, and the helpers the other layers in this folder share
-(`default_floating_dtype`, `statistics_dtype`, `uniform_init`, `non_negative_int`,
-`check_key`)."""
+"""`Linear` and `Identity`."""
 
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Literal, TypeVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, ArrayLike, Inexact, PRNGKeyArray
 
 from .._module import Module, field
 from .._sharding import axes_overrides_field, declared_axes, layer_axes
+from ._shared_helpers import check_key, non_negative_int, uniform_init
 
 __all__ = ["Identity", "Linear"]
 
 _T = TypeVar("_T")
-
-
-def default_floating_dtype() -> Any:
-    """`float64` when `jax_enable_x64` is on, `float32` otherwise: the dtype that
-    layers use for their parameters when no `dtype=` is given."""
-    return jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32
-
-
-def statistics_dtype(dtype: Any) -> Any:
-    """The dtype that statistics (means, variances, softmaxes) of values of
-    `dtype` are computed in: at least float32."""
-    with jax.numpy_dtype_promotion("standard"):
-        return jnp.result_type(dtype, jnp.float32)
-
-
-def uniform_init(key: Any, shape: tuple[int, ...], dtype: Any, limit: float) -> Array:
-    """Samples uniformly from `[-limit, limit)`. For a complex `dtype` the real
-    and imaginary parts are sampled independently, each from its own half of a
-    split of `key`; `dtype=None` means `default_floating_dtype()`."""
-    dtype = default_floating_dtype() if dtype is None else jnp.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        part_dtype = jnp.finfo(dtype).dtype
-        real_key, imag_key = jax.random.split(key, 2)
-        real = jax.random.uniform(real_key, shape, part_dtype, -limit, limit)
-        imag = jax.random.uniform(imag_key, shape, part_dtype, -limit, limit)
-        return jax.lax.complex(real, imag).astype(dtype)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(
-            f"Parameters must have a floating or complex dtype, got {jnp.dtype(dtype)}."
-        )
-    return jax.random.uniform(key, shape, dtype, -limit, limit)
-
-
-def non_negative_int(value: Any, layer: str, name: str) -> int:
-    """`value` as an int, or a `TypeError`/`ValueError` naming `layer`'s argument
-    `name` unless it is a non-negative integer (bools are refused)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        size = operator.index(value)
-    except TypeError:
-        raise TypeError(
-            f"{layer}: `{name}` must be a non-negative int, got {value!r}."
-        ) from None
-    if size < 0:
-        raise ValueError(f"{layer}: `{name}` must be non-negative, got {size}.")
-    return size
-
-
-def check_key(key: Any, layer: str) -> None:
-    """Raises a `TypeError` unless `key` is a PRNG key (typed, or legacy uint32)."""
-    if isinstance(key, (jax.Array, np.ndarray)) and (
-        jnp.issubdtype(key.dtype, jax.dtypes.prng_key) or key.dtype == np.uint32
-    ):
-        return
-    raise TypeError(
-        f"{layer} needs `key=`, a PRNG key such as `jax.random.key(0)`, to "
-        f"initialise its parameters; got {key!r}."
-    )
 
 
 def _check_features(value: Any, name: str) -> int | Literal["scalar"]:
@@ -205,14 +143,12 @@ class Linear(Module):
                 f"{shape}. For a batch of inputs, map the layer with "
                 "`filterax.filter_vmap` or `jax.vmap`."
             )
-        # One dot_general contracting x's features with the weight's second axis
-        # (`x @ weight.T` without a transpose): under `vmap` it becomes a single
-        # batch-leading matrix product, and the jaxpr has the same primitives as
-        # `weight @ x`.
+        # `weight @ x`, in this order, as Equinox computes it: under an eager
+        # `jax.vmap` this is a dot_general producing (out, batch) followed by a
+        # transpose, and a product written the other way round (`x @ weight.T`,
+        # batch leading) runs a different CPU kernel whose sums differ by an ulp.
         dtype = jnp.result_type(x, self.weight)
-        out = jax.lax.dot_general(
-            jnp.asarray(x, dtype), self.weight.astype(dtype), (((0,), (1,)), ((), ()))
-        )
+        out = jnp.matmul(self.weight.astype(dtype), jnp.asarray(x, dtype))
         if self.bias is not None:
             out = out + self.bias
         if self.out_features == "scalar":

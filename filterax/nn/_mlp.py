@@ -14,7 +14,8 @@ from .._filters import is_array
 from .._mapping import filter_vmap
 from .._module import Module, field
 from .._sharding import sublayer_axes
-from ._linear import Linear, check_key, non_negative_int
+from ._linear import Linear
+from ._shared_helpers import check_key, non_negative_int
 
 __all__ = ["MLP"]
 

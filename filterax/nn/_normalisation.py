@@ -19,8 +19,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._module import Module, field
 from .._sharding import axes_overrides_field, declared_axes, layer_axes
 from .._warnings import warn_deprecated
-from ._linear import statistics_dtype
-from ._stateful import _NO_STATE
+from ._shared_helpers import NO_STATE, statistics_dtype
 
 __all__ = ["GroupNorm", "LayerNorm", "RMSNorm"]
 
@@ -69,7 +68,7 @@ def _affine_output(
     if bias is not None:
         out = out + bias.astype(out.dtype)
     out = out.astype(x_dtype)
-    return out if state is _NO_STATE else (out, state)
+    return out if state is NO_STATE else (out, state)
 
 
 def _feature_axes(
@@ -164,7 +163,7 @@ class LayerNorm(Module):
     def __call__(
         self,
         x: Float[Array, "*shape"],
-        state: Any = _NO_STATE,
+        state: Any = NO_STATE,
         *,
         key: PRNGKeyArray | None = None,
     ) -> Any:
@@ -258,7 +257,7 @@ class RMSNorm(Module):
     def __call__(
         self,
         x: Float[Array, "*shape"],
-        state: Any = _NO_STATE,
+        state: Any = NO_STATE,
         *,
         key: PRNGKeyArray | None = None,
     ) -> Any:
@@ -370,7 +369,7 @@ class GroupNorm(Module):
     def __call__(
         self,
         x: Float[Array, "channels ..."],
-        state: Any = _NO_STATE,
+        state: Any = NO_STATE,
         *,
         key: PRNGKeyArray | None = None,
     ) -> Any:

@@ -14,7 +14,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
 from .._module import Module, field
-from ._conv import PaddingPairsLike, _check_input, _parse_ints, _parse_padding_pairs
+from ._shared_helpers import (
+    PaddingPairsLike,
+    check_input,
+    parse_ints,
+    parse_padding_pairs,
+)
 
 __all__ = [
     "AdaptiveAvgPool1d",
@@ -108,12 +113,12 @@ class Pool(Module):
         use_ceil: bool = False,
     ):
         n = num_spatial_dims
-        pairs = _parse_padding_pairs(padding, n)
+        pairs = parse_padding_pairs(padding, n)
         self.init = init
         self.operation = operation
         self.num_spatial_dims = n
-        self.kernel_size = _parse_ints(kernel_size, n, "kernel_size", 1)
-        self.stride = _parse_ints(stride, n, "stride", 1)
+        self.kernel_size = parse_ints(kernel_size, n, "kernel_size", 1)
+        self.stride = parse_ints(stride, n, "stride", 1)
         self.padding = pairs
         self.use_ceil = use_ceil
         _check_padding_fits_kernel(self.padding, self.kernel_size)
@@ -150,7 +155,7 @@ class Pool(Module):
         ```
         """
         del key
-        _check_input(self, x, self.num_spatial_dims)
+        check_input(self, x, self.num_spatial_dims)
         padding = self.padding
         if self.use_ceil:
             padding = self._ceil_padding(tuple(x.shape[1:]))
@@ -482,7 +487,7 @@ class AdaptivePool(Module):
         num_spatial_dims: int,
         operation: Callable[[Array], Array],
     ):
-        self.target_shape = _parse_ints(
+        self.target_shape = parse_ints(
             target_shape, num_spatial_dims, "target_shape", 1
         )
         self.operation = operation
@@ -507,7 +512,7 @@ class AdaptivePool(Module):
         ```
         """
         del key
-        _check_input(self, x, len(self.target_shape))
+        check_input(self, x, len(self.target_shape))
         for dim, (size, target) in enumerate(zip(x.shape[1:], self.target_shape)):
             if size < target:
                 raise ValueError(

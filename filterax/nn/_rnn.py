@@ -17,7 +17,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
 from .._sharding import axes_overrides_field, declared_axes, layer_axes
-from ._linear import check_key, uniform_init
+from ._shared_helpers import check_key, uniform_init
 
 __all__ = ["GRUCell", "LSTMCell"]
 

@@ -11,7 +11,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
-from ._linear import default_floating_dtype
+from ._shared_helpers import default_floating_dtype
 
 __all__ = ["RotaryPositionalEmbedding"]
 

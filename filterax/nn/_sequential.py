@@ -13,7 +13,8 @@ from jaxtyping import Array, PRNGKeyArray
 
 from .._module import Module
 from .._state import RngStream
-from ._stateful import _NO_STATE, State
+from ._shared_helpers import NO_STATE
+from ._stateful import State
 
 __all__ = ["Lambda", "Sequential", "StatefulLayer"]
 
@@ -154,7 +155,7 @@ class Sequential(StatefulLayer):
     def __call__(
         self,
         x: Any,
-        state: Any = _NO_STATE,
+        state: Any = NO_STATE,
         *,
         key: Any = None,
     ) -> Any:
@@ -184,7 +185,7 @@ class Sequential(StatefulLayer):
                 x, state = layer(x, state=state, key=layer_key)
             else:
                 x = layer(x, key=layer_key)
-        if state is _NO_STATE:
+        if state is NO_STATE:
             return x
         return x, state
 

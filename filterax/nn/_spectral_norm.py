@@ -10,10 +10,9 @@ from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from .._ad import unfrozen
 from .._module import field
-from ._linear import check_key
 from ._sequential import StatefulLayer
+from ._shared_helpers import MissingWeightError, check_key, with_weight
 from ._stateful import State, StateIndex
-from ._weight_norm import MissingWeightError, _with_weight
 
 __all__ = ["SpectralNorm"]
 
@@ -179,4 +178,4 @@ class SpectralNorm(StatefulLayer, Generic[_Layer]):
             state = state.set(self.uv_index, (u, v))
         sigma = jnp.einsum("i,ij,j->", u, matrix, v)
         normalised = jnp.reshape(matrix / sigma, weight.shape)
-        return _with_weight(self.layer, self.weight_name, normalised)(x), state
+        return with_weight(self.layer, self.weight_name, normalised)(x), state

@@ -56,17 +56,6 @@ class _DeletedInit(Module):
 _DELETED = _DeletedInit()
 
 
-class _NoState:
-    """The default of a layer's optional `state` argument: tells "not passed"
-    from any value a user may pass, `None` included."""
-
-    def __repr__(self) -> str:
-        return "<no state>"
-
-
-_NO_STATE: Any = _NoState()
-
-
 class StateIndex(Module, Generic[_Value]):
     """Marks a piece of state in a model, and holds its initial value.
 

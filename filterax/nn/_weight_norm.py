@@ -15,22 +15,11 @@ from .._ad import unfrozen
 from .._filters import is_array
 from .._module import Module, field
 from .._sharding import axes_overrides_field, layer_axes, logical_axes
-from .._tree import tree_at
+from ._shared_helpers import MissingWeightError, with_weight
 
 __all__ = ["WeightNorm"]
 
 _Layer = TypeVar("_Layer")
-
-
-class MissingWeightError(ValueError, AttributeError):
-    """`WeightNorm` or `SpectralNorm` given a layer without the named weight.
-    A `ValueError`, as filterax documents, and an `AttributeError`, as
-    Equinox raises."""
-
-
-def _with_weight(layer: Any, weight_name: str, weight: Array) -> Any:
-    """A copy of `layer` whose field `weight_name` holds `weight`."""
-    return tree_at(lambda wrapped: getattr(wrapped, weight_name), layer, weight)
 
 
 class _NormExceptAxis(Module):
@@ -168,5 +157,5 @@ class WeightNorm(Module, Generic[_Layer]):
         """
         v = unfrozen(getattr(self.layer, self.weight_name))
         weight = v * self.g / self._norm(v)
-        layer = _with_weight(self.layer, self.weight_name, weight)
+        layer = with_weight(self.layer, self.weight_name, weight)
         return layer(x)  # pyright: ignore[reportCallIssue]
