@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._warnings import warn_deprecated
@@ -67,7 +67,7 @@ def field(
     *,
     static: bool = False,
     converter: Callable[[Any], Any] | None = None,
-    axes: tuple[str | None, ...] | None = None,
+    axes: tuple[str | None, ...] | Mapping[str, tuple[str | None, ...]] | None = None,
     **kwargs: Any,
 ) -> Any:
     """Declares a `Module` field, like `dataclasses.field` with three additions.
@@ -87,7 +87,11 @@ def field(
       of matching rank (and `("stack", *axes)` to an array with one more
       dimension: a layer stacked by `filter_vmap`).
       [`sharding_of`][filterax.sharding_of] maps the names to mesh axes;
-      [`logical_axes`][filterax.logical_axes] reads them. Stored in the field's
+      [`logical_axes`][filterax.logical_axes] reads them. For a field holding
+      a Module (a sub-layer), a mapping from that Module's field names to
+      names: defaults for the sub-layer's parameters, below any `axes=` the
+      sub-layer itself was built with (so the sub-layer stays an ordinary one,
+      equal to one built on its own). Stored in the field's
       `metadata["axes"]`.
     - `**kwargs`: passed to `dataclasses.field` (`default`, `default_factory`,
       `init`, `repr`, `kw_only`, `metadata`, ...).
@@ -125,7 +129,13 @@ def field(
                 "field(axes=...) names the dimensions of an array field; a static "
                 "field holds no arrays."
             )
-        metadata[AXES_KEY] = check_axes_names(axes, "field(axes=...)")
+        if isinstance(axes, Mapping):
+            metadata[AXES_KEY] = {
+                name: check_axes_names(names, f"field(axes=...)[{name!r}]")
+                for name, names in axes.items()
+            }
+        else:
+            metadata[AXES_KEY] = check_axes_names(axes, "field(axes=...)")
     if static:
         metadata["static"] = True
     if converter is not None:

@@ -178,9 +178,12 @@ def _walk(
     names: Names | None,
     out: list[Names | None],
     markers: dict[Any, Names | None],
+    inherited: Mapping[str, Names] | None = None,
 ) -> None:
     """Appends the names of `node`'s array leaves to `out`, in the order of
-    `jax.tree.leaves(node)`; records the names given to each state index."""
+    `jax.tree.leaves(node)`; records the names given to each state index.
+    `inherited`: names for the fields of `node`, a Module, declared by the
+    field of its parent that holds it (below `node`'s own overrides)."""
     for index_type, state_type in _STATE_TYPES:
         if isinstance(node, index_type):
             markers.setdefault(node.marker, names)  # type: ignore[attr-defined]
@@ -197,10 +200,15 @@ def _walk(
         return
     if isinstance(node, Module):
         declared, overrides = _module_field_names(node)
+        if inherited:
+            overrides = {**inherited, **overrides}
         for key, child in zip(level.keys, level.children):
             name = getattr(key, "name", None)
             child_names = overrides.get(name, declared.get(name, names))  # type: ignore[arg-type]
-            _walk(child, child_names, out, markers)
+            if isinstance(child_names, Mapping):  # names for a sub-layer's fields
+                _walk(child, None, out, markers, child_names)
+            else:
+                _walk(child, child_names, out, markers)
         return
     for child in level.children:
         _walk(child, names, out, markers)

@@ -204,10 +204,10 @@ class MultiheadAttention(Module):
     ```
     """
 
-    query_proj: Linear
-    key_proj: Linear
-    value_proj: Linear
-    output_proj: Linear
+    query_proj: Linear = field(axes=_ATTENTION_AXES["query_proj"])
+    key_proj: Linear = field(axes=_ATTENTION_AXES["key_proj"])
+    value_proj: Linear = field(axes=_ATTENTION_AXES["value_proj"])
+    output_proj: Linear = field(axes=_ATTENTION_AXES["output_proj"])
     dropout: Dropout
 
     num_heads: int = field(static=True)
@@ -242,7 +242,14 @@ class MultiheadAttention(Module):
         key: PRNGKeyArray,
         axes: dict[str, dict[str, tuple[str | None, ...]]] | None = None,
     ):
-        roles = sublayer_axes("MultiheadAttention", axes, _ATTENTION_AXES)
+        # The default names are declared on the fields above, so that the
+        # projections stay ordinary `Linear`s (equal to ones built alone, as
+        # `nn.Shared` needs); only names the user gives are kept on them.
+        roles = (
+            None
+            if axes is None
+            else sublayer_axes("MultiheadAttention", axes, _ATTENTION_AXES)
+        )
         if (
             isinstance(num_heads, bool)
             or not isinstance(num_heads, numbers.Integral)
@@ -264,7 +271,7 @@ class MultiheadAttention(Module):
             use_query_bias,
             dtype,
             key=query_key,
-            axes=roles["query_proj"],
+            axes=None if roles is None else roles["query_proj"],
         )
         self.key_proj = Linear(
             key_size,
@@ -272,7 +279,7 @@ class MultiheadAttention(Module):
             use_key_bias,
             dtype,
             key=key_key,
-            axes=roles["key_proj"],
+            axes=None if roles is None else roles["key_proj"],
         )
         self.value_proj = Linear(
             value_size,
@@ -280,7 +287,7 @@ class MultiheadAttention(Module):
             use_value_bias,
             dtype,
             key=value_key,
-            axes=roles["value_proj"],
+            axes=None if roles is None else roles["value_proj"],
         )
         self.output_proj = Linear(
             num_heads * vo_size,
@@ -288,7 +295,7 @@ class MultiheadAttention(Module):
             use_output_bias,
             dtype,
             key=output_key,
-            axes=roles["output_proj"],
+            axes=None if roles is None else roles["output_proj"],
         )
         self.dropout = Dropout(dropout_p, inference=inference)
         self.num_heads = num_heads

@@ -133,3 +133,19 @@ def test_serialisation_round_trip():
     np.testing.assert_array_equal(loaded(jnp.array(2)), model(jnp.array(2)))
     embedding, head = loaded.shared()
     assert head.weight is embedding.weight
+
+
+def test_a_projection_of_attention_is_shared_with_a_linear_built_alone():
+    # The projections' default logical axes are declared on the attention's
+    # fields, so each projection is an ordinary Linear, equal in structure to
+    # one built on its own.
+    k1, k2 = jax.random.split(jax.random.key(0))
+    attention = fx.nn.MultiheadAttention(3, 12, key=k1)
+    projection = fx.nn.Linear(12, 12, use_bias=False, key=k2)
+    shared = fx.nn.Shared(
+        (attention, projection), lambda pair: pair[1], lambda pair: pair[0].key_proj
+    )
+    attention, projection = shared()
+    assert projection.weight is attention.key_proj.weight
+    assert fx.logical_axes(attention).key_proj.weight == ("heads", "embed")
+    assert fx.logical_axes(projection).weight == ("out", "in")
