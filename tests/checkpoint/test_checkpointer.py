@@ -114,13 +114,15 @@ import filterax.checkpoint as fxc
 
 checkpoints = fxc.Checkpointer(sys.argv[1])
 checkpoints.save(1, {"w": jnp.full((4,), 1.0)}, wait=True)
-never = threading.Event()
+never, reached = threading.Event(), threading.Event()
 
 async def stalled(self, item, directory):  # step 2 never completes
+    reached.set()  # its partial directory exists by now
     never.wait()
 
 ocp.JsonCheckpointHandler._save_fn = stalled
 checkpoints.save(2, {"w": jnp.full((4,), 2.0)})
+reached.wait()
 print("saving step 2", flush=True)
 never.wait()
 """
