@@ -469,7 +469,19 @@ LAYER_KINDS = (
 )
 
 
-class Stack(fx.Module):
+class Forwards(fx.Module):
+    """The two method rows of the matrix: a bound method, and `filter_jit` as a
+    decorator on a method."""
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        return self(x)  # type: ignore[operator]
+
+    @fx.filter_jit
+    def compiled_forward(self, x: jax.Array) -> jax.Array:
+        return self(x)  # type: ignore[operator]
+
+
+class Stack(Forwards):
     """A model holding its layers in a tuple, a list or a dict."""
 
     layers: Any
@@ -480,15 +492,8 @@ class Stack(fx.Module):
             x = layer(x)
         return x
 
-    def forward(self, x: jax.Array) -> jax.Array:
-        return self(x)
 
-    @fx.filter_jit
-    def compiled_forward(self, x: jax.Array) -> jax.Array:
-        return self(x)
-
-
-class Chain(fx.Module):
+class Chain(Forwards):
     """A model of nested Modules: a layer, then the rest of the chain."""
 
     layer: Any  # a layer of the matrix: a callable Module
@@ -500,13 +505,6 @@ class Chain(fx.Module):
             x = node.layer(x)
             node = node.rest
         return x
-
-    def forward(self, x: jax.Array) -> jax.Array:
-        return self(x)
-
-    @fx.filter_jit
-    def compiled_forward(self, x: jax.Array) -> jax.Array:
-        return self(x)
 
 
 CONTAINERS = ("tuple", "list", "dict", "nested Modules")

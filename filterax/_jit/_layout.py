@@ -37,8 +37,8 @@ from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from .._filters import is_array
 from .._mapping import filter_shard
-from .._mapping._axes import specs_for_leaves
-from .._structure import argument_path, path_text
+from .._mapping._axes import flatten_spec_prefix, specs_for_leaves
+from .._structure import argument_path
 
 __all__ = ["Layout", "mesh_context"]
 
@@ -52,18 +52,13 @@ def is_sharding_spec(spec: Any) -> bool:
 def _check_prefix(prefix: Any, name: str) -> tuple[Any, tuple[Any, ...]]:
     """`(treedef, leaves)` of a sharding prefix: its hashable form. `TypeError`
     naming the place of a leaf that is no sharding."""
-    leaves_with_paths, treedef = jtu.tree_flatten_with_path(
-        prefix, is_leaf=is_sharding_spec
+    return flatten_spec_prefix(
+        prefix,
+        is_sharding_spec,
+        f"filter_jit: {name}",
+        "a sharding prefix holds jax.sharding.Sharding objects (a NamedSharding, "
+        "say), PartitionSpecs (under `jax.set_mesh`) or None (unconstrained).",
     )
-    for path, leaf in leaves_with_paths:
-        if not is_sharding_spec(leaf):
-            raise TypeError(
-                f"filter_jit: {path_text(name, path)} is {leaf!r}; a sharding "
-                "prefix holds jax.sharding.Sharding objects (a NamedSharding, "
-                "say), PartitionSpecs (under `jax.set_mesh`) or None "
-                "(unconstrained)."
-            )
-    return treedef, tuple(leaf for _, leaf in leaves_with_paths)
 
 
 def _concrete(spec: Any) -> Any:

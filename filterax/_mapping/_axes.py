@@ -512,3 +512,17 @@ def is_batched_ref_write_error(error: BaseException) -> bool:
     """JAX's refusal to write a per-example value into a Ref shared across the
     batch (its message is the only way to recognise it)."""
     return "unbatched array reference" in str(error)
+
+
+def flatten_spec_prefix(
+    prefix: Any, is_spec: Callable[[Any], bool], name: str, refusal: str
+) -> tuple[Any, tuple[Any, ...]]:
+    """`(treedef, leaves)` of a prefix of sharding specs, its hashable form;
+    a `TypeError` naming the place of a leaf for which `is_spec` is false,
+    `f"{path} is {leaf!r}; {refusal}"`. (`PartitionSpec` is a tuple: `is_spec`
+    stops JAX from descending into it.)"""
+    leaves_with_paths, treedef = jtu.tree_flatten_with_path(prefix, is_leaf=is_spec)
+    for path, leaf in leaves_with_paths:
+        if not is_spec(leaf):
+            raise TypeError(f"{path_text(name, path)} is {leaf!r}; {refusal}")
+    return treedef, tuple(leaf for _, leaf in leaves_with_paths)

@@ -34,7 +34,7 @@ from .._filters import is_ref
 from .._module import FunctionWrapper
 from .._split import StaticPart, split
 from .._structure import path_text
-from ._axes import specs_for_leaves
+from ._axes import flatten_spec_prefix, specs_for_leaves
 
 __all__ = ["ShardMapWrapper", "filter_shard_map"]
 
@@ -55,18 +55,14 @@ class Specs:
     __slots__ = ("_key", "tree")
 
     def __init__(self, tree: Any, name: str):
-        leaves_with_paths, treedef = jtu.tree_flatten_with_path(
-            tree, is_leaf=_is_partition_spec
-        )
-        for path, leaf in leaves_with_paths:
-            if not _is_partition_spec(leaf):
-                raise TypeError(
-                    f"{_WHO}: {path_text(name, path)} is {leaf!r}; a spec prefix "
-                    "holds jax.sharding.PartitionSpecs (or None for P(), "
-                    "replicated)."
-                )
         self.tree = tree
-        self._key = (treedef, tuple(leaf for _, leaf in leaves_with_paths))
+        self._key = flatten_spec_prefix(
+            tree,
+            _is_partition_spec,
+            f"{_WHO}: {name}",
+            "a spec prefix holds jax.sharding.PartitionSpecs (or None for P(), "
+            "replicated).",
+        )
         try:
             hash(self._key)
         except TypeError:
