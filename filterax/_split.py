@@ -51,10 +51,10 @@ __all__ = [
     "kind_of_type",
     "ModulePart",
     "Step",
-    "resolve",
     "leaf_kinds",
     "shape_signature",
     "split",
+    "split_by_kind",
     "split_leaves",
 ]
 
@@ -261,7 +261,7 @@ class StaticPart:
         """Where a tree of this structure holds lists and dicts, the only
         mutable nodes it may have for its flattening to be remembered: one
         path of `(is_attribute, key)` steps from the root to each (see
-        `resolve`), in flattening order. `None` when the structure holds
+        `_jit/_memo`), in flattening order. `None` when the structure holds
         another node type that is not immutable. Worked out once."""
         if self._guard_paths is False:
             found: list[tuple[Step, ...]] = []
@@ -375,13 +375,6 @@ def _frozen_nodes(treedef: PyTreeDef) -> bool:
 Step = tuple[bool, Any]
 
 
-def resolve(tree: Any, path: tuple[Step, ...]) -> Any:
-    """The node of `tree` at `path` (as `StaticPart.guard_paths` gives)."""
-    for is_attribute, key in path:
-        tree = getattr(tree, key) if is_attribute else tree[key]
-    return tree
-
-
 def _mutable_node_paths(
     treedef: PyTreeDef, path: tuple[Step, ...], found: list[tuple[Step, ...]]
 ) -> bool:
@@ -482,6 +475,17 @@ def split_leaves(
     static = tuple(compress(leaves, mask.translate(STATIC_MASK)))
     concrete = mask.translate(_CONCRETE)
     return list(compress(leaves, mask)), StaticPart(treedef, concrete, static)
+
+
+def split_by_kind(tree: Any) -> tuple[list[Any], StaticPart, bytes]:
+    """`split` with the leaves classified by `leaf_kinds`: the dynamic leaves
+    (arrays, Refs and tracers), the `StaticPart`, and the kinds of all the
+    leaves. A leaf of a type not seen before comes back as a one-leaf part,
+    and `leaf_kinds` knows its type from then on."""
+    leaves, treedef = flatten(tree)
+    kinds = leaf_kinds(leaves)
+    values, part = split_leaves(leaves, treedef, kinds)
+    return values, part, kinds
 
 
 # --- Refs in outputs ----------------------------------------------------------------

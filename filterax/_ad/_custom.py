@@ -4,7 +4,6 @@ non-differentiable parts."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from .._filters import (
     is_inexact_array_like,
     partition,
 )
+from .._module import copy_wrapped_attributes
 from .._split import Static
 from .._structure import argument_path
 from .._warnings import warn_deprecated
@@ -154,7 +154,8 @@ class filter_custom_jvp:
     def __init__(self, fn: Callable):
         self.fn = fn
         self.fn_jvp: Callable | None = None
-        functools.update_wrapper(self, fn, updated=())
+        copy_wrapped_attributes(self.__dict__, fn, annotations=True)
+        self.__wrapped__ = fn
         self._custom = jax.custom_jvp(self._call_split)
 
     def _call_split(self, diff: Any, arrays: Any, objects: Static) -> Any:
@@ -360,7 +361,8 @@ class filter_custom_vjp:
         self.fn = fn
         self.fn_fwd: Callable | None = None
         self.fn_bwd: Callable | None = None
-        functools.update_wrapper(self, fn, updated=())
+        copy_wrapped_attributes(self.__dict__, fn, annotations=True)
+        self.__wrapped__ = fn
         self._custom = jax.custom_vjp(self._call_split)
         self._custom.defvjp(self._fwd_split, self._bwd_split, symbolic_zeros=True)
 

@@ -21,12 +21,14 @@ __all__ = ["filter_hessian", "filter_jacfwd", "filter_jacrev"]
 
 
 class _Jacobian(FunctionWrapper):
-    _transform_name = "filter_jacobian"
+    @property
+    def _transform_name(self) -> str:  # type: ignore[override]
+        return "filter_jacrev" if self.options[1] else "filter_jacfwd"
 
     @traceback_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         has_aux, reverse = self.options
-        name = "filter_jacrev" if reverse else "filter_jacfwd"
+        name = self._transform_name
         x, other_args = first_argument(args, kwargs, name)
         diff, rest = partition_differentiable(x)
         rest, other_args, kwargs = shield_refs(

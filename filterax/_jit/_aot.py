@@ -20,7 +20,8 @@ from .._errors import runtime_error_from
 from .._split import shape_signature
 from .._structure import differences_text
 from ._donate import DonateMode
-from ._keyed import CallKey, describe_call
+from ._groups import GroupOrder
+from ._keyed import CallKey, key_of_call
 from ._outputs import MixedOutput
 
 __all__ = ["CallPlan", "CompiledCall", "Lowered"]
@@ -40,11 +41,11 @@ class CallPlan:
 
     __slots__ = (
         "arrange",
-        "donates",
         "example",
         "fun_dynamic",
         "key",
         "n_first",
+        "order",
         "signature",
         "silence",
     )
@@ -55,6 +56,7 @@ class CallPlan:
         fun_dynamic: list[Any],
         n_first: int,
         mode: DonateMode,
+        order: GroupOrder,
         args: tuple,
         kwargs: dict,
         dynamic: list[Any],
@@ -65,7 +67,7 @@ class CallPlan:
         self.fun_dynamic = fun_dynamic
         self.n_first = n_first
         self.silence = mode.silences_warning
-        self.donates = mode.donates
+        self.order = order
         self.example = shape_signature((args, kwargs))
         self.signature = _signature(dynamic)
 
@@ -73,11 +75,9 @@ class CallPlan:
         """`(first argument's, others')` dynamic leaves of a call, checked
         against the plan."""
         args, kwargs = self.arrange(args, kwargs)
-        key = self.key
         dynamic: list[Any] = []
         try:
-            tokens, dynamic, names = describe_call(args, kwargs, key)
-            same = tokens == key.tokens and names == key.names
+            same = key_of_call(args, kwargs, dynamic, self.key) is self.key
         except TypeError:  # an unhashable value where the plan has another
             same = False
         if not same or _signature(dynamic) != self.signature:
@@ -105,10 +105,10 @@ class CallPlan:
         return [*self.fun_dynamic, *first, *rest]
 
     def groups(self, first: list[Any], rest: list[Any]) -> tuple[list[Any], ...]:
-        """The arguments of the keyed body after its key (see `Compiled`)."""
-        if self.donates:
-            return first, self.fun_dynamic, rest
-        return (self.inputs(first, rest),)
+        """The arguments of the keyed body after its key (see `_groups`)."""
+        return self.order.keyed(
+            self.inputs(first, rest), len(self.fun_dynamic), len(first)
+        )
 
 
 def _signature(leaves: Any) -> tuple[tuple[tuple[int, ...], Any], ...]:

@@ -15,9 +15,9 @@ import jax.tree_util as jtu
 from .._compat import donation_warning_ignored, traceback_boundary
 from .._errors import runtime_error_from
 from .._filters import is_array
+from .._module import FunctionWrapper
 from .._split import flatten, is_module_type
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
-from .._tree import tree_equal
 from ._aot import CallPlan, Lowered
 from ._compiled import Compiled, compiled_for
 from ._direct import PENDING, Fallback, fallback_for
@@ -27,25 +27,13 @@ from ._donate import (
     restore_warnings,
     silencing_depth,
 )
-from ._keyed import (
-    NO_HINTS,
-    CallKey,
-    describe_call,
-    describe_items,
-    describe_keywords,
-    first_argument_leaf_count,
-    raise_if_unhashable,
-)
+from ._keyed import first_argument_leaf_count, key_of_call, raise_if_unhashable
 from ._layout import Layout, mesh_context
 from ._outputs import MixedOutput
 
 __all__ = ["JitWrapper", "filter_jit"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-
-# `getattr`'s default for the function attributes a wrapper copies.
-_ABSENT = object()
 
 
 def holds_module(values: tuple) -> bool:
@@ -58,27 +46,19 @@ def holds_module(values: tuple) -> bool:
     return False
 
 
-# What a wrapper copies from the function it wraps, as `functools.wraps` does.
-_COPIED_ATTRIBUTES = (
-    "__module__",
-    "__name__",
-    "__qualname__",
-    "__doc__",
-    "__annotations__",
-)
-
-
-class JitWrapper:
+class JitWrapper(FunctionWrapper):
     """What `filter_jit` returns (for `donate="none"` and `"warn"`; subclasses
-    handle the other modes).
+    handle the other modes and shardings).
 
-    A pytree: its child is the wrapped function (a Module contributes its
-    arrays), its static data the donation mode and the shared `Compiled`. A
-    copy made by unflattening finds its `Compiled` again from the function it
-    holds: the same one, sharing the compiled code, when only arrays changed;
-    another when the function did (`tree_at` replacing a Module's activation,
-    say).
+    A `FunctionWrapper`: its child is the wrapped function (a Module
+    contributes its arrays), its options the donation mode and the shared
+    `Compiled`. A copy made by unflattening finds its `Compiled` again from
+    the function it holds: the same one, sharing the compiled code, when only
+    arrays changed; another when the function did (`tree_at` replacing a
+    Module's activation, say).
     """
+
+    _transform_name = "filter_jit"
 
     def __init__(
         self,
@@ -87,22 +67,16 @@ class JitWrapper:
         known: Compiled | None = None,
         layout: Layout | None = None,
     ):
-        self.fun = fun
+        compiled, self.fun_dynamic = compiled_for(fun, mode, known, layout)
+        super().__init__(fun, (mode, compiled))
         self.mode = mode
+        self.compiled = compiled
         self.donates = mode.donates
-        self.compiled, self.fun_dynamic = compiled_for(fun, mode, known, layout)
-        self.__wrapped__ = fun
-        for attribute in _COPIED_ATTRIBUTES:
-            value = getattr(fun, attribute, _ABSENT)
-            if value is not _ABSENT:
-                setattr(self, attribute, value)
 
-    def _direct_groups(self, args: tuple, kwargs: dict) -> tuple | None:
-        """The positional arguments of the direct body for this call, or `None`
-        to take the keyed route (see `Compiled` for their order)."""
-        if self.donates:
-            return args[:1], self.fun_dynamic, args[1:], kwargs
-        return self.fun_dynamic, args, kwargs
+    @classmethod
+    def _from_options(cls, fun: Callable[..., Any], options: tuple) -> JitWrapper:
+        mode, compiled = options
+        return cls(fun, mode, compiled)
 
     def _arrange(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         """The call as this wrapper passes it on (the same, but for the
@@ -131,7 +105,9 @@ class JitWrapper:
             # the keyed one: a Module is flattened once and then found by
             # identity (`_memo`), cheaper than JAX flattening it on every call.
             direct = compiled.direct_ok = not holds_module((*args, *kwargs.values()))
-        groups = self._direct_groups(args, kwargs) if direct else None
+        groups = (
+            compiled.order.direct(self.fun_dynamic, args, kwargs) if direct else None
+        )
         if groups is None:
             return self._call_keyed(args, kwargs)
         PENDING.call = (args, kwargs)
@@ -159,51 +135,26 @@ class JitWrapper:
         return out
 
     def _call_keyed(self, args: tuple, kwargs: dict) -> Any:
-        # `describe_call`, inline: this is the hot path of most calls.
         compiled = self.compiled
         last = compiled.last_call
-        hints = NO_HINTS if last is None else last.tokens
-        tokens: list[Any] = []
-        # The function's own arrays first, then the arguments' (see `Compiled`).
+        # The function's own arrays first, then the arguments' (see `_groups`).
         leaves = [*self.fun_dynamic]
         try:
-            describe_items(args, tokens, leaves, hints)
-            names = describe_keywords(kwargs, tokens, leaves, hints) if kwargs else ()
-            if tokens == hints and last is not None and names == last.names:
-                key = last
-            else:
-                key = compiled.last_call = CallKey(tokens, names)
+            key = key_of_call(args, kwargs, leaves, last)
         except Exception:
             raise_if_unhashable(args, kwargs)
             raise
+        if key is not last:
+            compiled.last_call = key
         if self.donates:
-            out = compiled.keyed(key, *self._donation_groups(args, key, leaves))
+            n_first = first_argument_leaf_count(key, args) if args else 0
+            groups = compiled.order.keyed(leaves, len(self.fun_dynamic), n_first)
+            out = compiled.keyed(key, *groups)
         else:
-            out = compiled.keyed(key, leaves)
+            out = compiled.keyed(key, leaves)  # the one group (see `_groups`)
         if out.__class__ is MixedOutput:
             return out.rebuild(lambda: leaves)
         return out
-
-    def _donation_groups(
-        self, args: tuple, key: CallKey, leaves: list[Any]
-    ) -> tuple[list[Any], list[Any], list[Any]]:
-        """`(first argument's arrays, function's arrays, other arguments'
-        arrays)` from the leaves of a call of a donating mode (the function's
-        arrays, then the arguments')."""
-        n_fun = len(self.fun_dynamic)
-        first, rest = self._split_first(args, key, leaves[n_fun:])
-        return first, leaves[:n_fun], rest
-
-    def _split_first(
-        self, args: tuple, key: CallKey, dynamic: list[Any]
-    ) -> tuple[list[Any], list[Any]]:
-        """The dynamic leaves of the arguments as `(first argument's, the
-        others')`; all of them in the second list when nothing is donated."""
-        if not self.mode.donates:
-            return [], dynamic
-        # The first argument's leaves come first.
-        n_first = first_argument_leaf_count(key, args) if args else 0
-        return dynamic[:n_first], dynamic[n_first:]
 
     def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
         """Lowers `fun(*args, **kwargs)` ahead of time, without running it.
@@ -233,18 +184,22 @@ class JitWrapper:
         args, kwargs = self._arrange(args, kwargs)
         depth = silencing_depth()
         try:
+            dynamic: list[Any] = []
             try:
-                tokens, dynamic, names = describe_call(args, kwargs, None)
-                key = CallKey(tokens, names)
+                key = key_of_call(args, kwargs, dynamic, None)
             except TypeError:
                 raise_if_unhashable(args, kwargs)
                 raise
-            first, rest = self._split_first(args, key, dynamic)
+            n_first = (
+                first_argument_leaf_count(key, args) if args and self.donates else 0
+            )
+            first, rest = dynamic[:n_first], dynamic[n_first:]
             plan = CallPlan(
                 key,
                 self.fun_dynamic,
-                len(first),
+                n_first,
                 self.mode,
+                self.compiled.order,
                 args,
                 kwargs,
                 dynamic,
@@ -256,21 +211,11 @@ class JitWrapper:
             restore_warnings(depth)
         return Lowered(lowered, plan)
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        # Used as a decorator in a class body: `model.method` becomes a pytree
-        # whose child is `model`, so the model's arrays are traced, not hashed.
-        if instance is None:
-            return self
-        return _JitBoundMethod(self, instance)
-
-    def __repr__(self) -> str:
-        return f"<filter_jit of {getattr(self, '__qualname__', self.fun)!s}>"
-
 
 class _ExceptFirstJitWrapper(JitWrapper):
-    """For `donate="warn-except-first"`: the direct route passes the first
-    argument apart, so that it is not donated. A first argument passed by
-    keyword is passed by position instead, so that it is kept all the same."""
+    """For `donate="warn-except-first"`: the first argument is passed apart, so
+    that it is not donated. A first argument passed by keyword is passed by
+    position instead, so that it is kept all the same."""
 
     def _arrange(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         """A call given by keyword only, with the function's first parameter
@@ -285,10 +230,8 @@ class _ExceptFirstJitWrapper(JitWrapper):
         rest = dict(kwargs)
         return (rest.pop(name),), rest
 
-    def _direct_groups(self, args: tuple, kwargs: dict) -> tuple | None:
-        if not args:
-            return None
-        return args[:1], self.fun_dynamic, args[1:], kwargs
+
+_ABSENT = object()
 
 
 def _first_parameter_name(fun: Callable[..., Any]) -> str | None:
@@ -361,83 +304,14 @@ class _ShardedMixin(JitWrapper):
     lower.__doc__ = JitWrapper.lower.__doc__
 
 
+# Every subclass is a pytree from its definition on (see `FunctionWrapper`).
 _SHARDED_TYPES: dict[type[JitWrapper], type[JitWrapper]] = {
     base: type(f"_Sharded{base.__name__.lstrip('_')}", (_ShardedMixin, base), {})
-    for base in {*_WRAPPER_TYPES.values()}
+    for base in dict.fromkeys(_WRAPPER_TYPES.values())
 }
 _SHARDED_WRAPPER_TYPES: dict[DonateMode, type[JitWrapper]] = {
     mode: _SHARDED_TYPES[base] for mode, base in _WRAPPER_TYPES.items()
 }
-
-
-def _flatten_wrapper(wrapper: JitWrapper) -> tuple[tuple[Any], tuple]:
-    return (wrapper.fun,), (type(wrapper), wrapper.mode, wrapper.compiled)
-
-
-def _unflatten_wrapper(static: tuple, children: Any) -> JitWrapper:
-    wrapper_type, mode, compiled = static
-    return wrapper_type(children[0], mode, compiled)
-
-
-for _wrapper_type in {*_WRAPPER_TYPES.values(), *_SHARDED_WRAPPER_TYPES.values()}:
-    jtu.register_pytree_with_keys(
-        _wrapper_type,
-        lambda wrapper: (
-            ((jtu.GetAttrKey("fun"), wrapper.fun),),
-            _flatten_wrapper(wrapper)[1],
-        ),
-        _unflatten_wrapper,
-        flatten_func=_flatten_wrapper,
-    )
-
-
-class _JitBoundMethod(functools.partial):
-    """`model.method` for a method decorated with `filter_jit` in its class
-    body: a pytree whose child is `model` (like `BoundMethod`), which also
-    offers `.lower`.
-
-    A `functools.partial` subclass: creating and calling one happens in C, which
-    keeps `model(x)` on a decorated `__call__` almost as cheap as calling the
-    `filter_jit` function directly.
-    """
-
-    __slots__ = ()
-
-    @property
-    def __func__(self) -> JitWrapper:
-        wrapper: JitWrapper = self.func  # type: ignore[assignment]
-        return wrapper
-
-    @property
-    def __self__(self) -> Any:
-        return self.args[0]
-
-    def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
-        """As [`filter_jit(...).lower`][filterax.filter_jit], for this method:
-        the compiled function is called without the instance, as the method
-        is."""
-        instance = self.args[0]
-        return self.__func__.lower(instance, *args, **kwargs).bound_to(instance)
-
-    def __repr__(self) -> str:
-        return f"<bound method {self.func!r} of {self.args[0]!r}>"
-
-    # As for `BoundMethod`, a Module: the same method of equal instances.
-    def __eq__(self, other: object) -> Any:
-        if type(other) is not _JitBoundMethod or self.func is not other.func:
-            return False
-        return tree_equal(self.args[0], other.args[0])
-
-    def __hash__(self) -> int:
-        return hash((self.func, self.args[0]))
-
-
-jtu.register_pytree_with_keys(
-    _JitBoundMethod,
-    lambda bound: (((jtu.GetAttrKey("__self__"), bound.args[0]),), bound.func),
-    lambda wrapper, children: _JitBoundMethod(wrapper, *children),
-    flatten_func=lambda bound: ((bound.args[0],), bound.func),
-)
 
 
 @overload

@@ -30,6 +30,7 @@ from .._caches import register_cache_clearer
 from .._split import StaticPart, clear_leaf_kinds, flatten, split
 from ._direct import check_direct_call
 from ._donate import DonateMode, silence_donation_warnings
+from ._groups import GroupOrder
 from ._keyed import CallKey, unpack_key
 from ._layout import Layout
 from ._memo import clear as clear_memo
@@ -43,15 +44,8 @@ _MAX_STATIC_ENTRIES = 256
 class Compiled:
     """The inner `jax.jit`s of one function, for one donation mode.
 
-    `keyed(key, leaves)` (the function's arrays, then the arguments') for the
-    modes that donate nothing, `keyed(key, first, fun_dynamic, rest)` for the
-    others (the first argument's arrays, the function's, the other
-    arguments'); `direct(fun_dynamic, args, kwargs)`, or `direct(first,
-    fun_dynamic, rest, kwargs)` when donating. The donating order is
-    Equinox's: XLA gives an output the buffer of the first donated input of
-    its shape, so it decides which arrays a call consumes (with
-    `filter_jit(model, donate="all")(x)`, `x` rather than the model's own
-    weights). `direct_ok` is
+    `keyed(key, *groups)` and `direct(*groups)`, with the groups of `order`
+    (see `_groups`). `direct_ok` is
     `None` until the first call picks a route (see `_api`), and turns false,
     for good, once a call needed the keyed route. `last_call` is the static
     key of the last keyed call, which the next call most likely shares.
@@ -68,6 +62,7 @@ class Compiled:
         "last_call",
         "layout",
         "made_for",
+        "order",
     )
 
     def __init__(
@@ -75,9 +70,11 @@ class Compiled:
         keyed: Any,
         direct: Any,
         made_for: weakref.ref | StaticPart,
+        order: GroupOrder,
         layout: Layout | None = None,
     ):
         self.keyed = keyed
+        self.order = order
         self.direct = direct
         self.direct_ok: bool | None = None
         self.last_call: CallKey | None = None
@@ -121,24 +118,16 @@ def _new_compiled(
             return fun(*args, **kwargs)
         return layout.call(fun, args, kwargs)
 
+    order = GroupOrder(mode)
+
     def keyed(key: Any, *groups: list[Any]) -> Any:
-        # One list of leaves when nothing is donated: every extra argument
-        # adds to JAX's dispatch work on each call.
-        if len(groups) == 1:
-            fun_dynamic, dynamic = groups[0][:n_fun], groups[0][n_fun:]
-        else:
-            first, fun_dynamic, rest = groups
-            dynamic = [*first, *rest]
+        fun_dynamic, dynamic = order.keyed_inside(groups, n_fun)
         args, kwargs = unpack_key(key, dynamic)
         out = call(resolve(fun_dynamic), args, kwargs)
         return filter_output(out, lambda: [*fun_dynamic, *dynamic])
 
     def direct(*groups: Any) -> Any:
-        if mode.donates:
-            first, fun_dynamic, rest, kwargs = groups
-            args = (*first, *rest)
-        else:
-            fun_dynamic, args, kwargs = groups
+        fun_dynamic, args, kwargs = order.direct_inside(groups)
         check_direct_call()
         out = call(resolve(fun_dynamic), args, kwargs)
         return filter_output(out, lambda: flatten((fun_dynamic, args, kwargs))[0])
@@ -147,19 +136,11 @@ def _new_compiled(
     for body in (keyed, direct):
         body.__name__ = name
         body.__qualname__ = qualname
-    # The arrays inside `fun` are donated with the others, as Equinox does:
-    # `filter_jit(model, donate=...)`. Only the first argument may be kept.
-    if not mode.donates:
-        keyed_donated: tuple[int, ...] = ()
-        direct_donated: tuple[int, ...] = ()
-    elif mode.except_first:
-        keyed_donated, direct_donated = (2, 3), (1, 2, 3)
-    else:
-        keyed_donated, direct_donated = (1, 2, 3), (0, 1, 2, 3)
     compiled = Compiled(
-        jax.jit(keyed, static_argnums=0, donate_argnums=keyed_donated),
-        jax.jit(direct, donate_argnums=direct_donated),
+        jax.jit(keyed, static_argnums=0, donate_argnums=order.keyed_donated),
+        jax.jit(direct, donate_argnums=order.direct_donated),
         made_for,
+        order,
         layout,
     )
     _LIVE.add(compiled)
@@ -181,12 +162,17 @@ _LIVE: weakref.WeakSet[Compiled] = weakref.WeakSet()
 _LOCK = threading.RLock()
 
 
-def _forget(fun_id: int, ref: weakref.ref) -> None:
+def _forget(
+    fun_id: int,
+    ref: weakref.ref,
+    entries: dict[int, tuple[weakref.ref, dict[_Options, Compiled]]] = _BY_IDENTITY,
+) -> None:
     # Runs from garbage collection, possibly while this thread holds the lock;
-    # dict operations are atomic, so no lock is taken.
-    entry = _BY_IDENTITY.get(fun_id)
+    # dict operations are atomic, so no lock is taken. `entries` is bound
+    # here: at interpreter exit the module's globals may be gone first.
+    entry = entries.get(fun_id)
     if entry is not None and entry[0] is ref:
-        _BY_IDENTITY.pop(fun_id, None)
+        entries.pop(fun_id, None)
 
 
 def _names(fun: Any) -> tuple[str, str]:

@@ -35,11 +35,10 @@ from .._split import (
     STATIC,
     TRACER,
     StaticPart,
-    flatten,
     is_module_type,
     kind_of_type,
     leaf_kinds,
-    split_leaves,
+    split_by_kind,
 )
 from .._structure import argument_path
 from ._memo import guard_holds, lookup, remember
@@ -47,10 +46,8 @@ from ._memo import guard_holds, lookup, remember
 __all__ = [
     "NO_HINTS",
     "CallKey",
-    "describe_call",
-    "describe_items",
-    "describe_keywords",
     "first_argument_leaf_count",
+    "key_of_call",
     "raise_if_unhashable",
     "unpack_key",
 ]
@@ -138,18 +135,20 @@ class CallKey(int):
 NO_HINTS: list[Any] = []
 
 
-def describe_call(
-    args: tuple, kwargs: dict[str, Any], last: CallKey | None
-) -> tuple[list[Any], list[Any], tuple[str, ...]]:
-    """`(tokens, dynamic leaves, keyword names)` of a call. `last` is the
-    previous call's key: its parts are reused where equal, so that comparing
-    the two keys is mostly identity checks."""
+def key_of_call(
+    args: tuple, kwargs: dict[str, Any], leaves: list[Any], last: CallKey | None
+) -> CallKey:
+    """The static key of a call; its dynamic leaves are appended to `leaves`.
+    `last` is the previous call's key: its parts are reused where equal, so
+    that comparing the two keys is mostly identity checks, and it is returned
+    itself when the call matches it."""
     tokens: list[Any] = []
-    dynamic: list[Any] = []
     hints = NO_HINTS if last is None else last.tokens
-    describe_items(args, tokens, dynamic, hints)
-    names = describe_keywords(kwargs, tokens, dynamic, hints) if kwargs else ()
-    return tokens, dynamic, names
+    describe_items(args, tokens, leaves, hints)
+    names = describe_keywords(kwargs, tokens, leaves, hints) if kwargs else ()
+    if last is not None and tokens == hints and names == last.names:
+        return last
+    return CallKey(tokens, names)
 
 
 def describe_keywords(
@@ -167,7 +166,9 @@ def first_argument_leaf_count(key: CallKey, args: tuple) -> int:
     this key has: the same for every such call, so worked out once."""
     count = key.first_count
     if count is None:
-        count = key.first_count = len(describe_call(args[:1], {}, None)[1])
+        leaves: list[Any] = []
+        key_of_call(args[:1], {}, leaves, None)
+        count = key.first_count = len(leaves)
     return count
 
 
@@ -224,13 +225,11 @@ def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list) ->
         # Now known as walked: `describe_items` takes it from here.
         describe_items((value,), tokens, dynamic, hints)
         return
-    leaves, treedef = flatten(value)
-    kinds = leaf_kinds(leaves)
-    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+    values, part, kinds = split_by_kind(value)
+    if part.treedef.num_nodes == 1 and part.treedef.num_leaves == 1:
         # A leaf of a type not seen before: `leaf_kinds` now knows it.
         _describe(value, tokens, dynamic, hints)
         return
-    values, part = split_leaves(leaves, treedef, kinds)
     position = len(tokens)
     hint = hints[position] if position < len(hints) else None
     if isinstance(hint, StaticPart) and hint == part:

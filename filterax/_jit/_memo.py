@@ -28,7 +28,7 @@ import weakref
 from operator import is_
 from typing import Any
 
-from .._split import ARRAY, StaticPart, kind_of_type, resolve
+from .._split import ARRAY, StaticPart, Step, kind_of_type
 
 __all__ = ["clear", "guard_holds", "lookup", "remember", "remember_outputs"]
 
@@ -68,7 +68,7 @@ def remember(obj: Any, part: StaticPart, dynamic: list[Any]) -> None:
             return
         guard = []
         for path in paths:
-            container = resolve(obj, path)
+            container = _resolve(obj, path)
             if container.__class__ is list:
                 guard.append((container, (), tuple(container)))
             else:
@@ -82,6 +82,13 @@ def remember(obj: Any, part: StaticPart, dynamic: list[Any]) -> None:
     entry.guard = guard
     entry.key = key = id(obj)
     _ENTRIES[key] = entry
+
+
+def _resolve(tree: Any, path: tuple[Step, ...]) -> Any:
+    """The node of `tree` at `path` (as `StaticPart.guard_paths` gives)."""
+    for is_attribute, key in path:
+        tree = getattr(tree, key) if is_attribute else tree[key]
+    return tree
 
 
 def guard_holds(guard: list[tuple[Any, tuple[Any, ...], tuple[Any, ...]]]) -> bool:

@@ -40,7 +40,7 @@ class PmapWrapper(FunctionWrapper):
     and whose static data are the mapping options."""
 
     _transform_name = _WHO
-    _wrapper_assignments = ("__module__", "__name__", "__qualname__", "__doc__")
+    _keeps_annotations = False  # the mapped function takes other shapes
 
     def __init__(
         self,
@@ -160,9 +160,6 @@ class PmapWrapper(FunctionWrapper):
             lowered, self, axes, call.static, _shapes(dynamic), (args, kwargs)
         )
 
-    def __repr__(self) -> str:
-        return f"<filter_pmap of {getattr(self, '__qualname__', self.fun)!s}>"
-
 
 def _raise_unhashable(args: tuple, kwargs: dict) -> None:
     for path, leaf in jtu.tree_leaves_with_path((args, kwargs)):
@@ -205,6 +202,8 @@ class PmapLowered:
         self._static = static
         self._example = example
         self._signature = signature
+        # The instance of a bound method, passed before the call's arguments.
+        self._first: tuple[Any, ...] = ()
 
     def compile(self, compiler_options: dict[str, Any] | None = None) -> PmapCompiled:
         """Compiles the lowered call.
@@ -229,6 +228,13 @@ class PmapLowered:
         compiled = self._lowered.compile(compiler_options)
         return PmapCompiled(compiled, self)
 
+    def bound_to(self, first: Any) -> PmapLowered:
+        """This lowered call, compiling to a function that takes its arguments
+        but the first, which is `first` (a bound method's instance)."""
+        bound = object.__new__(PmapLowered)
+        bound.__dict__.update(self.__dict__, _first=(first,))
+        return bound
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._lowered, name)
 
@@ -246,6 +252,7 @@ class PmapCompiled:
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         lowered = self._lowered
         wrapper = lowered._wrapper
+        args = (*lowered._first, *args)
         axes, call, dynamic = wrapper._prepare(args, kwargs)
         if (
             axes != lowered._axes

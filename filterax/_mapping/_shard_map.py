@@ -275,7 +275,7 @@ class ShardMapWrapper(FunctionWrapper):
     the first argument (split per `in_specs`)."""
 
     _transform_name = _WHO
-    _wrapper_assignments = ("__module__", "__name__", "__qualname__", "__doc__")
+    _keeps_annotations = False  # the mapped function takes other shapes
 
     def __init__(
         self,
@@ -358,9 +358,6 @@ class ShardMapWrapper(FunctionWrapper):
         else:
             out = _run(plan, fun_dynamic, dynamic)
         return out.static.merge(out.arrays)
-
-    def __repr__(self) -> str:
-        return f"<filter_shard_map of {getattr(self, '__qualname__', self.fun)!s}>"
 
 
 def _describe_argument(path: Sequence[Any]) -> str:

@@ -38,7 +38,7 @@ class VmapWrapper(FunctionWrapper):
     argument (mapped per `in_axes`)."""
 
     _transform_name = _WHO
-    _wrapper_assignments = ("__module__", "__name__", "__qualname__", "__doc__")
+    _keeps_annotations = False  # the mapped function takes other shapes
 
     def __init__(
         self,
@@ -104,9 +104,6 @@ class VmapWrapper(FunctionWrapper):
             for leaf in mapped_out
         ]
         return info.rebuild(mapped_out, unmapped_out, _WHO, lambda: call.dynamic)
-
-    def __repr__(self) -> str:
-        return f"<filter_vmap of {getattr(self, '__qualname__', self.fun)!s}>"
 
 
 def _ref_write_error(error: Exception, dynamic: list[Any], axes: list[Any]) -> None:

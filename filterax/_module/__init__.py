@@ -7,8 +7,10 @@
   unflatten.
 - `_field.py`: `field`, `static_field`. `_abstract.py`: `AbstractVar`,
   `AbstractClassVar`. `_partial.py`: `Partial`. `_wrappers.py`:
-  `module_update_wrapper`, and `FunctionWrapper`, the base of the callable
-  pytrees that the transforms (`_ad`, `_mapping`) return.
+  `module_update_wrapper`, and `FunctionWrapper`, the one base of the callable
+  pytrees that the transforms (`_jit`, `_ad`, `_mapping`) return.
+  `_attributes.py`: the one list of attributes a wrapper copies from what it
+  wraps.
 
 May import: `jax`, `_compat` (the only home of JAX internals), `_filters`,
 `_structure`, `_pretty` and `_tree` (printing and equality sit below Modules and
@@ -17,6 +19,7 @@ know nothing about them), `_transformed` (recognising JAX transforms) and
 """
 
 from ._abstract import AbstractClassVar, AbstractVar
+from ._attributes import copy_wrapped_attributes
 from ._field import StaticArrayWarning, field, static_field
 from ._module import BoundMethod, Module, StrictConfig, is_dunder
 from ._partial import Partial
@@ -31,6 +34,7 @@ __all__ = [
     "Partial",
     "StaticArrayWarning",
     "StrictConfig",
+    "copy_wrapped_attributes",
     "field",
     "is_dunder",
     "module_update_wrapper",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import types
 import warnings
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing_extensions import dataclass_transform
 from .._pretty import tree_pformat
 from .._tree import tree_equal
 from ._abstract import abstract_error, resolve_abstract_attributes
+from ._attributes import copy_wrapped_attributes
 from ._construction import (
     _BOUND_METHOD_TYPES,
     _MODULE_TYPES,
@@ -295,7 +297,7 @@ class Module(metaclass=_ModuleMeta):
         return _treescope.render_module(self, path, subtree_renderer)
 
 
-class BoundMethod(Module):
+class BoundMethod(Module, functools.partial):
     """A method bound to a Module instance, itself a Module.
 
     Its only child is the instance (`__self__`), so `jax.tree.leaves(model.method)`
@@ -329,8 +331,19 @@ class BoundMethod(Module):
     __func__: Callable[..., Any] = dataclasses.field(metadata={"static": True})
     __self__: Any
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.__func__(self.__self__, *args, **kwargs)
+    def __new__(cls, *args: Any, **kwargs: Any) -> BoundMethod:
+        # A `functools.partial` of the function and the instance as well, so
+        # that calling a bound method runs in C and adds no Python frame to
+        # the function's own. Its fields come by position or by keyword (as
+        # JAX's unflatten passes them).
+        values = dict(zip(("__func__", "__self__"), args))
+        for name in ("__func__", "__self__"):
+            if name not in values and name not in kwargs:
+                raise TypeError(f"BoundMethod() missing required argument: {name!r}")
+        func = values.get("__func__", kwargs.get("__func__"))
+        if not callable(func):
+            raise TypeError(f"BoundMethod: `__func__` must be callable, got {func!r}.")
+        return _new_partial(cls, func, values.get("__self__", kwargs.get("__self__")))
 
     @property
     def __wrapped__(self) -> Callable[..., Any]:
@@ -342,16 +355,56 @@ class BoundMethod(Module):
         return bind_method, (self.__func__, self.__self__)
 
     def __getattr__(self, name: str) -> Any:
+        # The fields of an instance made by `bind_wrapper`, which sets only
+        # the partial's function and arguments.
+        if name == "__self__":
+            return self.args[0]
+        if name == "__func__":
+            return self.func
         # `__name__`, `__qualname__` and `__doc__`-like metadata of the function.
         if name in ("__name__", "__qualname__", "__annotations__"):
             return getattr(self.__func__, name)
+        if name == "lower" and hasattr(self.__func__, "lower"):
+            # A transform with ahead-of-time lowering (`filter_jit`,
+            # `filter_pmap`) used as a decorator in the class body.
+            return functools.partial(_lower_bound, self.__func__, self.__self__)
         raise AttributeError(
             f"{type(self).__name__!r} object has no attribute {name!r}"
         )
 
 
+def _lower_bound(
+    func: Callable[..., Any], instance: Any, /, *args: Any, **kwargs: Any
+) -> Any:
+    """`bound.lower(*args, **kwargs)`: the transform's `lower` with the
+    instance first; what it gives compiles to a function called without the
+    instance, as the method is."""
+    return func.lower(instance, *args, **kwargs).bound_to(instance)  # type: ignore[attr-defined]
+
+
 _MODULE_TYPES.append(Module)
 _BOUND_METHOD_TYPES.append(BoundMethod)
+# Registered now rather than at its first construction: `bind_wrapper` makes
+# instances without `__init__`.
+_bound_method_plan: ClassPlan = BoundMethod.__dict__["__filterax_plan__"]
+if not _bound_method_plan.registered:
+    _bound_method_plan.register(BoundMethod)
+_new_partial = functools.partial.__new__
+
+
+def bind_wrapper(
+    wrapper: Callable[..., Any], instance: Any, owner: type | None = None
+) -> Any:
+    """The `__get__` of the transforms' wrappers (`FunctionWrapper`): read from
+    an instance, a wrapper in a class body becomes `BoundMethod(wrapper,
+    instance)`, built without construction's checks (neither the wrapper nor
+    the instance needs them) since a decorated `__call__` is bound on every
+    `model(x)`; read from the class, the wrapper itself."""
+    if instance is None:
+        return wrapper
+    # Only the partial's own slots are filled: `__getattr__` reads the fields
+    # from them.
+    return _new_partial(BoundMethod, wrapper, instance)
 
 
 def bind_method(func: Callable[..., Any], instance: Any) -> BoundMethod:
@@ -394,10 +447,7 @@ class _CallableMethodDescriptor:
 
     def __init__(self, func: Callable[..., Any]):
         self.__func__ = func
-        for attribute in ("__module__", "__doc__", "__name__", "__qualname__"):
-            value = getattr(func, attribute, None)
-            if value is not None:
-                setattr(self, attribute, value)
+        copy_wrapped_attributes(self.__dict__, func, annotations=False)
         self.__wrapped__ = func
 
     @property

@@ -10,13 +10,13 @@ from typing import Any, TypeVar
 
 import jax.tree_util as jtu
 
-from ._module import BoundMethod
+from ._attributes import copy_wrapped_attributes
+from ._module import bind_wrapper
 
 __all__ = ["FunctionWrapper", "module_update_wrapper"]
 
 _ModuleT = TypeVar("_ModuleT")
 _WrapperT = TypeVar("_WrapperT", bound="FunctionWrapper")
-_WRAPPER_ASSIGNMENTS = ("__module__", "__name__", "__qualname__", "__doc__")
 
 
 def module_update_wrapper(
@@ -64,12 +64,7 @@ def module_update_wrapper(
         wrapped = wrapper.__wrapped__  # type: ignore[attr-defined]
     copy = object.__new__(type(wrapper))
     attributes = dict(wrapper.__dict__)
-    for name in _WRAPPER_ASSIGNMENTS:
-        try:
-            attributes[name] = getattr(wrapped, name)
-        except AttributeError:
-            pass
-    attributes["__annotations__"] = dict(getattr(wrapped, "__annotations__", {}))
+    copy_wrapped_attributes(attributes, wrapped, annotations=True)
     object.__setattr__(copy, "__dict__", attributes)
     return copy
 
@@ -82,14 +77,18 @@ def _unflatten_wrapper(
 
 
 class FunctionWrapper:
-    """Base of the callables returned by the filtered transforms.
+    """Base of the callables returned by the filtered transforms: one file per
+    transform subclasses it and says how to call JAX.
 
     A registered pytree whose child is the wrapped function (so a Module method
     or `Partial` keeps its arrays visible to `filter_jit`), with the transform's
     options as static metadata: two wrappers of the same function with the
     same options flatten to equal static parts, so `filter_jit` shares their
-    compilation. As a class attribute it binds like a method:
-    `instance.method(*args)` calls the wrapper with `instance` first.
+    compilation. It carries the wrapped function's name, docstring (and
+    annotations, unless the transform changes the shapes they describe) and
+    `__wrapped__`. As a class attribute it binds like a method:
+    `instance.method` is a [`BoundMethod`][filterax.BoundMethod] whose child is
+    the instance, with `.lower` where the transform has one.
 
     Every subclass is registered as a pytree when it is defined. One whose
     `__init__` does not take `(fun, options)` overrides `_from_options`, which
@@ -97,20 +96,17 @@ class FunctionWrapper:
     """
 
     _transform_name = "transform"
-    # What `functools.update_wrapper` copies from the wrapped function. (Not
-    # annotated: a class annotation would show as the wrappers' own
-    # `__annotations__` where this leaves that attribute out.)
-    _wrapper_assignments = functools.WRAPPER_ASSIGNMENTS
+    # Whether the wrapper shows the wrapped function's `__annotations__`: not
+    # for a transform that changes the shapes they describe. (Not annotated: a
+    # class annotation would show as the wrappers' own `__annotations__`.)
+    _keeps_annotations = True
 
     def __init__(self, fun: Callable, options: tuple):
         self.fun = fun
         self.options = options
-        functools.update_wrapper(
-            self,  # type: ignore[arg-type]
-            fun,
-            assigned=self._wrapper_assignments,
-            updated=(),
-        )
+        attributes = self.__dict__
+        copy_wrapped_attributes(attributes, fun, annotations=self._keeps_annotations)
+        attributes["__wrapped__"] = fun
 
     @classmethod
     def _from_options(cls: type[_WrapperT], fun: Callable, options: tuple) -> _WrapperT:
@@ -119,13 +115,12 @@ class FunctionWrapper:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError  # pragma: no cover - every transform defines it
 
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
-        if instance is None:
-            return self
-        return BoundMethod(self, instance)
+    __get__ = bind_wrapper
 
     def __repr__(self) -> str:
-        return f"{self._transform_name}({self.fun!r})"
+        return (
+            f"<{self._transform_name} of {getattr(self, '__qualname__', self.fun)!s}>"
+        )
 
     def __eq__(self, other: object) -> bool:
         return (

@@ -15,8 +15,15 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 import filterax as fx
-from filterax._jit._keyed import CallKey, describe_call, unpack_key
+from filterax._jit._keyed import CallKey, key_of_call, unpack_key
 from filterax._split import STATIC_MASK, flatten, leaf_kinds
+
+
+def _describe(args: tuple, kwargs: dict, last: CallKey | None = None) -> tuple:
+    """`(tokens, dynamic leaves, keyword names)` of a call."""
+    dynamic: list = []
+    key = key_of_call(args, kwargs, dynamic, last)
+    return key.tokens, dynamic, key.names
 
 
 class Pair(fx.Module):
@@ -86,7 +93,7 @@ def _flat_signature(args: tuple) -> tuple:
 @settings(max_examples=100, deadline=None)
 @given(_arguments())
 def test_description_rebuilds_the_arguments(args: tuple) -> None:
-    tokens, dynamic, names = describe_call(args, {}, None)
+    tokens, dynamic, names = _describe(args, {}, None)
     rebuilt, kwargs = unpack_key(CallKey(tokens, names), dynamic)
     assert kwargs == {}
     leaves, treedef = flatten(args)
@@ -94,7 +101,7 @@ def test_description_rebuilds_the_arguments(args: tuple) -> None:
     assert rebuilt_treedef == treedef
     assert all(map(lambda a, b: a is b, rebuilt_leaves, leaves))
     # Described again (now partly from the identity memo): the same key.
-    again = describe_call(args, {}, CallKey(tokens, names))
+    again = _describe(args, {}, CallKey(tokens, names))
     assert again[0] == tokens
     assert all(map(lambda a, b: a is b, again[1], dynamic))
 
@@ -102,8 +109,8 @@ def test_description_rebuilds_the_arguments(args: tuple) -> None:
 @settings(max_examples=150, deadline=None)
 @given(_arguments(), _arguments())
 def test_keys_are_equal_exactly_when_flat_signatures_are(a: tuple, b: tuple) -> None:
-    key_a = CallKey(*_without_dynamic(describe_call(a, {}, None)))
-    key_b = CallKey(*_without_dynamic(describe_call(b, {}, None)))
+    key_a = CallKey(*_without_dynamic(_describe(a, {}, None)))
+    key_b = CallKey(*_without_dynamic(_describe(b, {}, None)))
     assert (key_a == key_b) == (_flat_signature(a) == _flat_signature(b))
     if key_a == key_b:
         assert hash(key_a) == hash(key_b)

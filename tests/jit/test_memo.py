@@ -19,10 +19,17 @@ import filterax as fx
 from filterax._jit import _keyed, _memo
 from filterax._jit._keyed import (
     CallKey,
-    describe_call,
     first_argument_leaf_count,
+    key_of_call,
     unpack_key,
 )
+
+
+def _describe(args: tuple, kwargs: dict, last: CallKey | None = None) -> tuple:
+    """`(tokens, dynamic leaves, keyword names)` of a call."""
+    dynamic: list = []
+    key = key_of_call(args, kwargs, dynamic, last)
+    return key.tokens, dynamic, key.names
 
 
 class Linear(fx.Module):
@@ -120,8 +127,8 @@ def test_equal_structures_share_one_key_whichever_way_they_were_described() -> N
     rebuilt = fx.filter_jit(lambda net: net)(make_net(2.0))  # remembered as output
     assert _memo.lookup(id(rebuilt)) is not None
     np.testing.assert_allclose(forward(rebuilt, x), reference(rebuilt, x), rtol=1e-6)
-    tokens_first = describe_call((first, x), {}, None)[0]
-    tokens_rebuilt = describe_call((rebuilt, x), {}, None)[0]
+    tokens_first = _describe((first, x), {}, None)[0]
+    tokens_rebuilt = _describe((rebuilt, x), {}, None)[0]
     assert tokens_first == tokens_rebuilt
     assert tokens_first[0] is tokens_rebuilt[0]  # interned: identity
     assert len(traces) == 1
@@ -262,7 +269,7 @@ def test_tuples_namedtuples_and_none_are_walked() -> None:
     for _ in range(2):
         out = jitted(Pair(a, b), None, ((0, jnp.array(2.0)), 3))
         assert float(out) == 10.0
-    tokens = describe_call((Pair(a, b), None, ((0, 2.0), 3)), {}, None)[0]
+    tokens = _describe((Pair(a, b), None, ((0, 2.0), 3)), {}, None)[0]
     assert tokens[:2] == [Pair, 2] and None in tokens
     assert len(traces) == 1
 
@@ -278,7 +285,7 @@ def test_a_namedtuple_registered_as_a_custom_node_is_flattened() -> None:
         lambda _, children: Swapped(children[1], children[0]),
     )
     value = Swapped(jnp.ones(1), "label")
-    tokens, dynamic, _ = describe_call((value,), {}, None)
+    tokens, dynamic, _ = _describe((value,), {}, None)
     assert tokens[0].__class__ is not type  # a StaticPart, not a walked tuple
     args, _ = unpack_key(CallKey(tokens, ()), dynamic)
     assert type(args[0]) is Swapped and args[0].second == "label"
@@ -305,7 +312,7 @@ def test_unpack_key_rebuilds_the_arguments() -> None:
     net = make_net()
     args = (net, (jnp.ones(2), "label"), None)
     kwargs = {"scale": 3, "x": jnp.zeros(1)}
-    tokens, dynamic, names = describe_call(args, kwargs, None)
+    tokens, dynamic, names = _describe(args, kwargs, None)
     key = CallKey(tokens, names)
     assert first_argument_leaf_count(key, args) == len(
         jax.tree.leaves(fx.trainable(net))
@@ -369,9 +376,11 @@ def test_a_list_of_layers_with_static_functions_is_not_flattened_again(
     forward: Any = fx.filter_jit(lambda m, x: [layer(x) for layer in m.weights][-1])
     forward(model, jnp.ones(2))
     flattened: list[Any] = []
-    real_flatten = _keyed.flatten
+    real_split = _keyed.split_by_kind
     monkeypatch.setattr(
-        _keyed, "flatten", lambda tree: flattened.append(tree) or real_flatten(tree)
+        _keyed,
+        "split_by_kind",
+        lambda tree: flattened.append(tree) or real_split(tree),
     )
     for _ in range(3):
         assert forward(model, jnp.ones(2)).tolist() == [1.0, 1.0]
