@@ -19,6 +19,9 @@ bias)` layers of 4x4), one process times, each against its floor:
 - `returns its model`: `filter_jit` of a function returning its (function-
   holding) model unchanged, against `jax.jit` returning the list: what
   rebuilding the output costs.
+- `jax.jit, returns its model`: not filterax but `jax.jit` returning the
+  static-field model: JAX's own cost of rebuilding nested Modules rather than a
+  list, for comparison with the row above;
 - `mixed leaves`: the forward pass of a Module holding, beside its layers, an
   activation function, a string, an int, `None`, a typed PRNG key and a
   `NonDifferentiable` buffer; floor: `jax.jit` on the list of its arrays, key
@@ -205,6 +208,7 @@ floor_forward = jax.jit(floor_forward_body)
 # nodes costs over a flat list, before anything filterax does.
 jax_forward = jax.jit(apply)
 floor_identity = jax.jit(lambda params: params)
+jax_identity = jax.jit(lambda model: model)
 
 
 @jax.jit
@@ -296,6 +300,10 @@ def variants(n_arrays: int) -> dict[str, tuple[Callable[[], object], ...]]:
         "adam step": (ours_step, floor_train_step),
         "returns its model": (
             lambda: identity(field_model),
+            lambda: floor_identity(params),
+        ),
+        "jax.jit, returns its model": (
+            lambda: jax_identity(static_model),
             lambda: floor_identity(params),
         ),
         "mixed leaves": (

@@ -27,6 +27,7 @@ def _array_leaves(tree: object) -> list[np.ndarray]:
         "jax.jit, same Module",
         "ordinary field",
         "returns its model",
+        "jax.jit, returns its model",
         "mixed leaves",
         "mixed leaves + Ref",
     ],
