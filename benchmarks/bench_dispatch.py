@@ -701,6 +701,10 @@ def matrix(
                         f"{ours_tree[0] / ref_tree[0]:7.2f}x "
                         f"{ours_tree[1] / ref_tree[1]:7.2f}x"
                     )
+                # Every row compiles a few programs; freed here, since XLA:CPU
+                # maps memory for each, and the whole matrix (several thousand
+                # programs) would otherwise run out of memory mappings.
+                fx.clear_caches()
 
 
 def main() -> None:

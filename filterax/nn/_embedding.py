@@ -11,7 +11,12 @@ from jaxtyping import Array, ArrayLike, Inexact, Int, PRNGKeyArray
 from .._filters import is_array_like
 from .._module import Module, field
 from .._sharding import axes_overrides_field, declared_axes, layer_axes
-from ._shared_helpers import check_key, default_floating_dtype, non_negative_int
+from ._shared_helpers import (
+    check_key,
+    default_floating_dtype,
+    non_negative_int,
+    row_of,
+)
 
 __all__ = ["Embedding"]
 
@@ -141,4 +146,4 @@ class Embedding(Module):
                 "Embedding: the index must be an integer, got dtype "
                 f"{jnp.result_type(x)}."
             )
-        return self.weight[x]
+        return row_of(self.weight, x, "Embedding")

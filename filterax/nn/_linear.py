@@ -11,7 +11,7 @@ from jaxtyping import Array, ArrayLike, Inexact, PRNGKeyArray
 
 from .._module import Module, field
 from .._sharding import axes_overrides_field, declared_axes, layer_axes
-from ._shared_helpers import check_key, non_negative_int, uniform_init
+from ._shared_helpers import check_key, matmul, non_negative_int, uniform_init
 
 __all__ = ["Identity", "Linear"]
 
@@ -148,7 +148,9 @@ class Linear(Module):
         # transpose, and a product written the other way round (`x @ weight.T`,
         # batch leading) runs a different CPU kernel whose sums differ by an ulp.
         dtype = jnp.result_type(x, self.weight)
-        out = jnp.matmul(self.weight.astype(dtype), jnp.asarray(x, dtype))
+        # On `Explicit` mesh axes, a split contracted dimension (a row-parallel
+        # layer) is summed as JAX asks: see `matmul`.
+        out = matmul(self.weight.astype(dtype), jnp.asarray(x, dtype))
         if self.bias is not None:
             out = out + self.bias
         if self.out_features == "scalar":

@@ -1,7 +1,8 @@
 """Private helpers that several `filterax.nn` layers share: default and
 statistics dtypes, parameter initialisation, argument parsing and checks, the
 padding parsers of convolutions and pools, dropout's activity test, the weight
-swap of `WeightNorm`/`SpectralNorm`, and the "no state passed" sentinel.
+swap of `WeightNorm`/`SpectralNorm`, the "no state passed" sentinel, and the
+output sharding of a product on `Explicit` mesh axes.
 
 Every layer module imports these from here rather than from each other. This
 module imports only JAX, NumPy and filterax's modules below `nn` (never a layer
@@ -35,6 +36,8 @@ __all__ = [
     "dropout_active",
     "is_int",
     "is_pair",
+    "matmul",
+    "row_of",
     "non_negative_int",
     "padding_pairs_or_none",
     "parse_ints",
@@ -43,6 +46,83 @@ __all__ = [
     "uniform_init",
     "with_weight",
 ]
+
+
+def _spec(array: Any) -> tuple[Any, ...] | None:
+    """The mesh axes each dimension of `array` is split over in its type (only
+    `Explicit` axes are), padded to its rank; `None` for an unsharded type."""
+    sharding = getattr(jax.typeof(array), "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+        return None
+    return (*spec, *[None] * (jnp.ndim(array) - len(spec)))
+
+
+def matmul(weight: Array, x: Array) -> Array:
+    """`weight @ x` (the last dimension of `weight` contracted with the first
+    of `x`), with an output sharding where JAX asks for one: on `Explicit`
+    mesh axes, when both contracted dimensions are split over the same mesh
+    axes (the second layer of a tensor-parallel MLP), the partial products are
+    summed and the output keeps the splits of `weight`'s other dimensions and
+    of `x`'s. Everywhere else it is `jnp.matmul(weight, x)`, unchanged.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> matmul(jnp.ones((2, 3)), jnp.ones(3))
+    Array([3., 3.], dtype=float32)
+
+    ```
+    """
+    weight_spec, x_spec = _spec(weight), _spec(x)
+    if (
+        weight_spec is None
+        or x_spec is None
+        or weight_spec[-1] is None
+        or x_spec[0] is None
+    ):
+        return jnp.matmul(weight, x)
+    out_spec = jax.sharding.PartitionSpec(*weight_spec[:-1], *x_spec[1:])
+    return jnp.matmul(weight, x, out_sharding=out_spec)
+
+
+def row_of(table: Array, index: Any, layer: str) -> Array:
+    """`table[index]` for a scalar index, with the row keeping the split of
+    the table's columns where the rows are split over `Explicit` mesh axes.
+
+    On `Explicit` mesh axes JAX cannot gather one row per index under `vmap`
+    when the batch of indices is split over the mesh or the table's rows are;
+    those cases raise a `ValueError` saying how to look the whole
+    batch up instead. Everywhere else it is `table[index]`, unchanged.
+
+    ```python
+    >>> import jax.numpy as jnp
+    >>> row_of(jnp.eye(3), jnp.array(1), "Embedding")
+    Array([0., 1., 0.], dtype=float32)
+
+    ```
+    """
+    table_spec = _spec(table)
+    if table_spec is None:
+        return table[index]
+    try:
+        if table_spec[0] is None:
+            return table[index]
+        out_spec = jax.sharding.PartitionSpec(*table_spec[1:])
+        return table.at[index].get(out_sharding=out_spec)
+    except Exception as error:
+        if not any(
+            kind == jax.sharding.AxisType.Explicit
+            for kind in jax.sharding.get_abstract_mesh().axis_types
+        ):
+            raise
+        raise ValueError(
+            f"{layer}: on `Explicit` mesh axes, JAX cannot look up one row per "
+            "index under `vmap` when the batch of indices or the table's rows "
+            "are split over the mesh. Look the whole batch up at once instead, e.g. "
+            '`layer.weight.at[tokens].get(out_sharding=PartitionSpec("data", '
+            "None, ...))`, or use `Auto` mesh axes, where the compiler places "
+            "the lookup."
+        ) from error
 
 
 class DropoutLike(Protocol):
