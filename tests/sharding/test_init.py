@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import filterax as fx
@@ -71,3 +72,45 @@ def test_static_parts_are_rebuilt(mesh):
     out = fx.sharded_init(make, mesh, RULES)(KEY)
     assert out["name"] == "probe" and out["act"] is jnp.tanh
     assert out["layer"].weight.sharding.spec == P("model", None)
+
+
+def _layers(key: jax.Array) -> list:
+    return [fx.nn.Linear(16, 16, key=k) for k in jax.random.split(key, 6)]
+
+
+@pytest.mark.parametrize("stages", [2, 4, 100])
+def test_built_in_stages_gives_the_same_values(mesh, stages):
+    traced = []
+
+    def make(key):
+        traced.append(key)
+        return {"layers": _layers(key), "name": "probe"}
+
+    rules = {"out": "model", "in": "data"}
+    with jax.set_mesh(mesh):
+        staged = fx.sharded_init(make, mesh, rules, stages=stages)(KEY)
+        whole = fx.sharded_init(make, mesh, rules)(KEY)
+    assert fx.tree_equal(staged, whole)
+    assert fx.tree_equal(staged, make(KEY))
+    assert staged["name"] == "probe"
+    assert staged["layers"][3].weight.sharding == NamedSharding(
+        mesh, P("model", "data")
+    )
+    # `make` runs twice per build (abstractly, then traced once for all the
+    # stages), whatever the number of stages, and once eagerly above.
+    assert len(traced) == 2 + 2 + 1
+
+
+def test_stage_groups_are_runs_of_about_equal_size():
+    from filterax._sharding._init import _stage_groups
+
+    assert _stage_groups([4, 4, 4, 4], 2) == [[0, 1], [2, 3]]
+    assert _stage_groups([1, 10, 1, 1], 4) == [[0], [1], [2, 3]]
+    assert _stage_groups([3, 3, 3], 1) == [[0, 1, 2]]
+    assert _stage_groups([], 8) == []
+
+
+@pytest.mark.parametrize("stages", [0, -1, 1.5, True])
+def test_stages_must_be_a_positive_int(mesh, stages):
+    with pytest.raises(ValueError, match="stages"):
+        fx.sharded_init(fx.nn.Linear, mesh, {}, stages=stages)
