@@ -44,7 +44,7 @@ from . import debug, nn
 from ._ad import NonDifferentiable, SymbolicZero
 from .nn import State
 
-__all__ = ["render_module", "set_up"]
+__all__ = ["render_module", "render_object", "set_up"]
 
 _Renderer = renderers.TreescopeSubtreeRenderer
 _Rendering = rendering_parts.Rendering
@@ -183,6 +183,16 @@ def _render_key_array(
     )
 
 
+def render_object(node: Any, path: str | None, subtree_renderer: _Renderer) -> Any:
+    """The `__treescope_repr__` of filterax's classes that are not Modules
+    (`NonDifferentiable`, `SymbolicZero`, `State`): their rendering, shown
+    even before anything else has imported this module."""
+    for cls, render in _HANDLERS:
+        if isinstance(node, cls):
+            return render(node, path, subtree_renderer)
+    return NotImplemented
+
+
 def set_up() -> None:
     """Registers the handlers for the filterax types that are not Modules, and
     the public names of classes and functions (`filterax.nn.Linear`, not the
@@ -205,13 +215,7 @@ def set_up() -> None:
 
     ```
     """
-    for cls, render in (
-        (NonDifferentiable, _render_non_differentiable),
-        (SymbolicZero, _render_symbolic_zero),
-        (State, _render_state),
-        (_REF_TYPE, _render_ref),
-        (_KEY_ARRAY_TYPE, _render_key_array),
-    ):
+    for cls, render in _HANDLERS:
         _registries.TREESCOPE_HANDLER_REGISTRY[cls] = render
     for namespace in (filterax, nn, debug):
         canonical_aliases.populate_from_public_api(
@@ -219,4 +223,11 @@ def set_up() -> None:
         )
 
 
+_HANDLERS: tuple[tuple[type[Any], Any], ...] = (
+    (NonDifferentiable, _render_non_differentiable),
+    (SymbolicZero, _render_symbolic_zero),
+    (State, _render_state),
+    (_REF_TYPE, _render_ref),
+    (_KEY_ARRAY_TYPE, _render_key_array),
+)
 set_up()

@@ -125,3 +125,34 @@ def test_classes_show_under_their_public_names_in_roundtrip_mode() -> None:
     layer = nn.Linear(2, 3, key=jax.random.key(0))
     text = treescope.render_to_text(layer, roundtrip_mode=True)
     assert text.startswith("<filterax.nn.Linear(")
+
+
+def test_types_that_are_not_modules_show_alone_before_any_module_is_shown() -> None:
+    # A fresh process: nothing has imported `filterax._treescope` yet.
+    code = """
+import html, re, sys
+import jax.numpy as jnp, treescope
+import filterax as fx
+from filterax import nn
+
+def shown(value):
+    page = treescope.render_to_html(value, compressed=False)
+    page = re.sub(r"<(style|script)\\b.*?</\\1>", "", page, flags=re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", page)).split())
+
+assert "filterax._treescope" not in sys.modules
+_, state = nn.make_with_state(nn.BatchNorm)(3, "batch", mode="batch")
+print(shown(state))
+print(shown(fx.NonDifferentiable(jnp.zeros((2, 3)))))
+print(shown(fx.SymbolicZero((2, 5), jnp.float32)))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    state, frozen, zero = result.stdout.splitlines()
+    assert "BatchNorm.batch_counter=" in state
+    assert "NonDifferentiable(" in frozen and "value=" in frozen
+    assert "float32(2, 3)" in frozen
+    assert "SymbolicZero(" in zero and "shape=(2, 5" in zero
+    for text in (state, frozen, zero):
+        assert "PyTree children" not in text  # not treescope's generic view

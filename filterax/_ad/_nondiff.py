@@ -111,6 +111,14 @@ class NonDifferentiable(metaclass=_NonDifferentiableType):
 
     __slots__ = ("_value",)
 
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        """Treescope's display hook (the optional extra): shown by name, with
+        array summaries, even before a Module has been displayed."""
+        # Imported here: `import filterax` must not import treescope.
+        from .. import _treescope
+
+        return _treescope.render_object(self, path, subtree_renderer)
+
     def __init__(self, value: Any):
         object.__setattr__(self, "_value", value)
 

@@ -88,6 +88,14 @@ class SymbolicZero:
     shape: tuple[int, ...]
     dtype: np.dtype
 
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        """Treescope's display hook (the optional extra): shown by name, with
+        array summaries, even before a Module has been displayed."""
+        # Imported here: `import filterax` must not import treescope.
+        from .. import _treescope
+
+        return _treescope.render_object(self, path, subtree_renderer)
+
     def __init__(self, shape: Sequence[int], dtype: Any):
         object.__setattr__(self, "shape", _checked_shape(shape))
         object.__setattr__(self, "dtype", cotangent_dtype(dtype))

@@ -173,6 +173,14 @@ class State:
     __slots__ = ("__weakref__", "_values")
     _values: dict[object, Any] | None
 
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        """Treescope's display hook (the optional extra): shown by name, with
+        array summaries, even before a Module has been displayed."""
+        # Imported here: `import filterax` must not import treescope.
+        from .. import _treescope
+
+        return _treescope.render_object(self, path, subtree_renderer)
+
     def __init__(self, model: Any):
         values: dict[object, Any] = {}
         for leaf in jtu.tree_leaves(model, is_leaf=_is_index):
