@@ -26,6 +26,12 @@ initialises its backends. On a machine with 8 accelerators, drop them.
 
     python examples/sharded_transformer.py            # about a minute
     python examples/sharded_transformer.py --small    # a few seconds (CI)
+    python examples/sharded_transformer.py --explicit # `Explicit` mesh axes
+
+With `--explicit` the mesh has `Explicit` axes: shardings are part of the
+arrays' types, and the step runs under `jax.set_mesh`. The model is the same;
+only the labels of the loss are one-hot, as JAX (0.10) cannot gather one label
+per index under `vmap` from a batch split over such a mesh.
 
 Exits with status 1 if the loss did not fall, the replayed steps' losses
 differ, or the step compiled more than once.
@@ -175,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="a quick run for CI")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--explicit", action="store_true", help="a mesh with `Explicit` axes"
+    )
     parser.add_argument("--out", default="sharded_transformer.png")
     parser.add_argument(
         "--checkpoints",
@@ -198,7 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
 
-    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    kind = AxisType.Explicit if args.explicit else AxisType.Auto
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind,) * 2)
+    if args.explicit:
+        # On `Explicit` axes, the traced code must know the mesh.
+        jax.set_mesh(mesh)
     make = fx.sharded_init(Transformer, mesh, RULES)
     model = make(vocab, width, heads, depth, length, key=jax.random.key(args.seed))
     for path, names in jax.tree_util.tree_leaves_with_path(
@@ -220,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     def step(model, opt_state, tokens):
         def loss_fn(model):
             logits = jax.vmap(model)(tokens[:, :-1])
+            if args.explicit:
+                labels = jax.nn.one_hot(tokens[:, 1:], vocab, dtype=logits.dtype)
+                return optax.softmax_cross_entropy(logits, labels).mean()
             return optax.softmax_cross_entropy_with_integer_labels(
                 logits, tokens[:, 1:]
             ).mean()

@@ -128,10 +128,11 @@ def test_classes_show_under_their_public_names_in_roundtrip_mode() -> None:
 
 
 def test_types_that_are_not_modules_show_alone_before_any_module_is_shown() -> None:
-    # A fresh process: nothing has imported `filterax._treescope` yet.
+    # A fresh process: nothing has imported `filterax._treescope` yet, and the
+    # values are shown on their own or in plain containers, never in a Module.
     code = """
 import html, re, sys
-import jax.numpy as jnp, treescope
+import jax, jax.numpy as jnp, treescope
 import filterax as fx
 from filterax import nn
 
@@ -141,18 +142,27 @@ def shown(value):
     return " ".join(html.unescape(re.sub(r"<[^>]+>", "", page)).split())
 
 assert "filterax._treescope" not in sys.modules
+print(shown(jax.random.split(jax.random.key(1), 3)))
 _, state = nn.make_with_state(nn.BatchNorm)(3, "batch", mode="batch")
 print(shown(state))
 print(shown(fx.NonDifferentiable(jnp.zeros((2, 3)))))
 print(shown(fx.SymbolicZero((2, 5), jnp.float32)))
+print(shown({"frozen": [fx.NonDifferentiable(jnp.ones(4))], "state": state}))
 """
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
-    state, frozen, zero = result.stdout.splitlines()
-    assert "BatchNorm.batch_counter=" in state
+    keys, state, frozen, zero, nested = result.stdout.splitlines()
+    assert "State(" in state and "BatchNorm.batch_counter=" in state
     assert "NonDifferentiable(" in frozen and "value=" in frozen
     assert "float32(2, 3)" in frozen
-    assert "SymbolicZero(" in zero and "shape=(2, 5" in zero
-    for text in (state, frozen, zero):
+    assert "SymbolicZero(" in zero and "shape=(2, 5" in zero and "float32" in zero
+    # Inside containers, small trees show folded, with their values.
+    assert "NonDifferentiable(value=" in nested and "[1., 1., 1., 1.]" in nested
+    assert "State(BatchNorm.batch_counter=" in nested
+    assert "BatchNorm.batch_state_index=" in nested
+    for text in (state, frozen, zero, nested):
         assert "PyTree children" not in text  # not treescope's generic view
+    # Typed keys are JAX arrays, which treescope summarises itself until
+    # `filterax._treescope` is imported (then `key<fry>[3](key_data=...)`).
+    assert "key<fry>(3,)" in keys

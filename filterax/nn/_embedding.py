@@ -120,7 +120,10 @@ class Embedding(Module):
           [`filter_vmap`][filterax.filter_vmap] or `jax.vmap` for many.
         - `key`: ignored.
 
-        **Returns:** an array of shape `(embedding_size,)`.
+        **Returns:** an array of shape `(embedding_size,)`. On `Explicit` mesh
+        axes, mapped over indices split over the mesh or with the table's rows
+        split, the whole batch is looked up at once (see "Scaling out"); that
+        lookup is differentiable in reverse mode only.
 
         **Raises:** `ValueError` when `x` is not a scalar; `TypeError` when it
         is not an integer.
@@ -146,4 +149,4 @@ class Embedding(Module):
                 "Embedding: the index must be an integer, got dtype "
                 f"{jnp.result_type(x)}."
             )
-        return row_of(self.weight, x, "Embedding")
+        return row_of(self.weight, x)
