@@ -15,6 +15,7 @@ import jax.tree_util as jtu
 from .._compat import donation_warning_ignored, traceback_boundary
 from .._errors import runtime_error_from
 from .._filters import is_array
+from .._mapping._shard import mesh_context
 from .._module import FunctionWrapper
 from .._split import flatten, is_module_type
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
@@ -28,7 +29,7 @@ from ._donate import (
     silencing_depth,
 )
 from ._keyed import first_argument_leaf_count, key_of_call, raise_if_unhashable
-from ._layout import Layout, mesh_context
+from ._layout import Layout
 from ._outputs import MixedOutput
 
 __all__ = ["JitWrapper", "filter_jit"]

@@ -25,7 +25,6 @@ feeding them in again does not compile again.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,7 +39,7 @@ from .._mapping import filter_shard
 from .._mapping._axes import flatten_spec_prefix, specs_for_leaves
 from .._structure import argument_path
 
-__all__ = ["Layout", "mesh_context"]
+__all__ = ["Layout"]
 
 
 def is_sharding_spec(spec: Any) -> bool:
@@ -83,15 +82,6 @@ def _mesh_of(specs: Sequence[Any]) -> Any:
         if isinstance(spec, NamedSharding) and isinstance(spec.mesh, jax.sharding.Mesh):
             return spec.mesh
     return None
-
-
-def mesh_context(mesh: Any) -> contextlib.AbstractContextManager[Any]:
-    """`jax.set_mesh(mesh)`, or nothing inside a trace, where JAX refuses to
-    enter one (the enclosing call's context holds there)."""
-    try:
-        return jax.set_mesh(mesh)  # type: ignore[return-value]
-    except ValueError:
-        return contextlib.nullcontext()
 
 
 def _explicit_mesh(specs: Sequence[Any]) -> Any:

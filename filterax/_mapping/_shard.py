@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
@@ -10,7 +11,7 @@ from jax.core import Tracer
 from .._filters import is_array
 from ._axes import specs_for_leaves
 
-__all__ = ["filter_shard"]
+__all__ = ["filter_shard", "mesh_context"]
 
 _SPEC_TYPES = (jax.sharding.Sharding, jax.sharding.PartitionSpec, jax.Device)
 
@@ -132,3 +133,12 @@ def filter_shard(pytree: Any, sharding: Any) -> Any:
         for index, leaf in zip(placed_at, jax.device_put(placed, placed_specs)):
             leaves[index] = leaf
     return treedef.unflatten(leaves)
+
+
+def mesh_context(mesh: Any) -> contextlib.AbstractContextManager[Any]:
+    """`jax.set_mesh(mesh)`, or nothing inside a trace, where JAX refuses to
+    enter one (the enclosing call's context holds there)."""
+    try:
+        return jax.set_mesh(mesh)  # type: ignore[return-value]
+    except ValueError:
+        return contextlib.nullcontext()

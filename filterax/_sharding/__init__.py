@@ -11,7 +11,8 @@ construction.
   directly on their shardings.
 
 Sits at the transforms layer. May import: `jax`, `_compat`, `_filters`,
-`_split`, `_structure`, `_module`, `_eval_shape`.
+`_split`, `_structure`, `_module`, `_eval_shape`, `_mapping`
+(`mesh_context`).
 """
 
 from ._axes import (

@@ -15,6 +15,7 @@ from jax.extend.core import jaxpr_as_fun
 
 from .._eval_shape import filter_eval_shape
 from .._filters import is_array
+from .._mapping._shard import mesh_context
 from .._split import split
 from ._rules import Rules, flat_shardings
 
@@ -126,10 +127,7 @@ def _mesh_context(mesh: jax.sharding.Mesh) -> Any:
     set: arrays typed on such axes are traced and run under their mesh."""
     explicit = jax.sharding.AxisType.Explicit in mesh.axis_types
     if explicit and jax.sharding.get_abstract_mesh().empty:
-        try:
-            return jax.set_mesh(mesh)
-        except ValueError:  # inside a trace (`filter_eval_shape` of the build)
-            pass
+        return mesh_context(mesh)
     return contextlib.nullcontext()
 
 

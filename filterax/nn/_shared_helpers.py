@@ -49,14 +49,17 @@ __all__ = [
 ]
 
 
-def _spec(array: Any) -> tuple[Any, ...] | None:
-    """The mesh axes each dimension of `array` is split over in its type (only
-    `Explicit` axes are), padded to its rank; `None` when no dimension is."""
+def _aval(array: Any) -> Any:
     # `.aval` first: `jax.typeof` costs ten times more, and this runs on every
     # call of the layers that use it, sharded or not.
     aval = getattr(array, "aval", None)
-    if aval is None:
-        aval = jax.typeof(array)
+    return jax.typeof(array) if aval is None else aval
+
+
+def _spec(array: Any) -> tuple[Any, ...] | None:
+    """The mesh axes each dimension of `array` is split over in its type (only
+    `Explicit` axes are), padded to its rank; `None` when no dimension is."""
+    aval = _aval(array)
     spec = getattr(getattr(aval, "sharding", None), "spec", None)
     if spec is None or not any(spec):
         return None
@@ -106,9 +109,7 @@ def matmul(weight: Array, x: Array) -> Array:
 def _on_explicit_axes(array: Any) -> bool:
     """Whether `array`'s type, or the mesh set by `jax.set_mesh`, has an
     `Explicit` axis."""
-    aval = getattr(array, "aval", None)
-    if aval is None:
-        aval = jax.typeof(array)
+    aval = _aval(array)
     mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
     explicit = jax.sharding.AxisType.Explicit
     return explicit in getattr(mesh, "axis_types", ()) or (
