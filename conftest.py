@@ -2,6 +2,11 @@
 
 - Eight simulated CPU devices, for the multi-device tests. This must run before
   JAX creates its backends, so it happens at import time.
+- XLA's backend (LLVM) optimisation is off: the suite compiles thousands of
+  small programs whose run time is negligible, and optimising their machine
+  code was about a third of the suite's time. It changes no result the tests
+  check: XLA's own passes (fusion, layout, buffer assignment, the cost and
+  memory analyses) still run. The subprocesses the tests start inherit it.
 - The compiled-code caches (JAX's and filterax's) are dropped after each test
   module, and the freed heap handed back to the system, bounding memory.
 - Under CI (`CI` set), hypothesis draws the same examples on every run, so that a
@@ -16,6 +21,12 @@ import jax
 import pytest
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+_FAST_COMPILE = "--xla_backend_optimization_level=0"
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
+    )
 
 try:
     import hypothesis

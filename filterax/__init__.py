@@ -21,8 +21,10 @@ from ._filters import (
     partition as partition,
 )
 
-# --- deprecations (_warnings.py) ---
+# --- warnings (_warnings.py) ---
+from ._warnings import ClassVarFieldWarning as ClassVarFieldWarning
 from ._warnings import FilteraxDeprecationWarning as FilteraxDeprecationWarning
+from ._warnings import FilteraxWarning as FilteraxWarning
 from ._warnings import NoDifferentiableLeafWarning as NoDifferentiableLeafWarning
 
 # --- annotations (_typing.py) ---

@@ -26,6 +26,7 @@ from jax.core import Tracer
 
 from ._errors import branched_error_if
 from ._module import Module, field, is_dunder
+from ._warnings import FilteraxWarning
 
 __all__ = ["Enumeration", "EnumerationItem"]
 
@@ -195,7 +196,7 @@ class _EnumerationType(type):
                 f"{cls.__qualname__}.{name} is defined twice with different "
                 f"messages ({cls._messages[index]!r} and {message!r}); the "
                 "later one is used.",
-                UserWarning,
+                FilteraxWarning,
                 stacklevel=4,
             )
             cls._messages[index] = message

@@ -1,8 +1,10 @@
-"""Warnings filterax gives: `FilteraxDeprecationWarning`, for names and
-arguments kept for code written against Equinox; `NoDifferentiableLeafWarning`,
-for a differentiation whose argument has nothing to differentiate; and
-`warn_at_caller`, which attributes a warning to the user's code even when
-filterax's generated code (a Module's `__init__`) stands between."""
+"""Warnings filterax gives, all subclasses of `FilteraxWarning`:
+`FilteraxDeprecationWarning`, for names and arguments kept for code written
+against Equinox; `NoDifferentiableLeafWarning`, for a differentiation whose
+argument has nothing to differentiate; `ClassVarFieldWarning`, for an
+`AbstractClassVar` resolved by an instance field. And `warn_at_caller`, which
+attributes a warning to the user's code even when filterax's generated code (a
+Module's `__init__`) stands between."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import warnings
 
 __all__ = [
     "GENERATED_FILENAME",
+    "ClassVarFieldWarning",
     "FilteraxDeprecationWarning",
+    "FilteraxWarning",
     "NoDifferentiableLeafWarning",
     "warn_at_caller",
     "warn_deprecated",
@@ -22,7 +26,39 @@ __all__ = [
 GENERATED_FILENAME = "<filterax generated>"
 
 
-class FilteraxDeprecationWarning(FutureWarning, UserWarning):
+class FilteraxWarning(UserWarning):
+    """The base class of every warning filterax gives, so that one filter
+    silences them all or turns them all into errors.
+
+    A `UserWarning`, the category Equinox gives its warnings, so filters and
+    `pytest.warns(UserWarning)` written for Equinox code still match.
+
+    **Arguments:**
+
+    - `*args`: as for any warning; the first is the message.
+
+    **Returns:** the warning.
+
+    ```python
+    >>> import warnings
+    >>> import jax.numpy as jnp
+    >>> import filterax as fx
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("error", fx.FilteraxWarning)
+    ...     try:
+    ...         fx.filter_grad(lambda x: (x * 1.0).sum())(jnp.arange(3))  # ints
+    ...     except fx.FilteraxWarning as warning:
+    ...         print(type(warning).__name__)
+    NoDifferentiableLeafWarning
+
+    ```
+    """
+
+
+FilteraxWarning.__module__ = "filterax"
+
+
+class FilteraxDeprecationWarning(FutureWarning, FilteraxWarning):
     """Warns that a name or argument kept for code written against Equinox
     (`static_field`, `LayerNorm(elementwise_affine=...)`,
     `deterministic=`, `filter_custom_vjp.defvjp`) is deprecated, and names
@@ -56,7 +92,7 @@ class FilteraxDeprecationWarning(FutureWarning, UserWarning):
 FilteraxDeprecationWarning.__module__ = "filterax"
 
 
-class NoDifferentiableLeafWarning(UserWarning):
+class NoDifferentiableLeafWarning(FilteraxWarning):
     """Warns that [`filter_grad`][filterax.filter_grad],
     [`filter_value_and_grad`][filterax.filter_value_and_grad] or
     [`filter_vjp`][filterax.filter_vjp] was given an argument to differentiate
@@ -65,7 +101,8 @@ class NoDifferentiableLeafWarning(UserWarning):
     gradient is `None` (or zero). Usually the arguments are in the wrong order
     (the data first, the model second) or the parameters are integer arrays.
 
-    Shown once per call site, as Python shows warnings. A `UserWarning`; where
+    Shown once per call site, as Python shows warnings. A
+    [`FilteraxWarning`][filterax.FilteraxWarning]; where
     differentiating such an argument is meant, silence it with
     `warnings.filterwarnings("ignore", category=fx.NoDifferentiableLeafWarning)`.
 
@@ -92,6 +129,42 @@ class NoDifferentiableLeafWarning(UserWarning):
 
 
 NoDifferentiableLeafWarning.__module__ = "filterax"
+
+
+class ClassVarFieldWarning(FilteraxWarning):
+    """Warns that a Module class resolves an inherited
+    [`AbstractClassVar`][filterax.AbstractClassVar] with an instance field
+    (`name: str`) instead of a class attribute (`name: ClassVar[str] = ...`).
+
+    An `AbstractClassVar` promises that `cls.name` can be read on every
+    concrete subclass; an instance field gives each instance its own value
+    and the class none, so that promise is broken. The class is still
+    accepted, as Equinox accepts it, so that code written against Equinox
+    keeps working. Given once, when the class is created.
+
+    **Arguments:**
+
+    - `*args`: as for any warning; the first is the message.
+
+    **Returns:** the warning.
+
+    ```python
+    >>> import warnings
+    >>> import filterax as fx
+    >>> class Activation(fx.Module):
+    ...     name: fx.AbstractClassVar[str]
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     class Named(Activation):
+    ...         name: str  # an instance field: `Named.name` does not exist
+    >>> caught[0].category.__name__, Named("relu").name
+    ('ClassVarFieldWarning', 'relu')
+
+    ```
+    """
+
+
+ClassVarFieldWarning.__module__ = "filterax"
 
 
 def warn_at_caller(message: str, category: type[Warning], stacklevel: int) -> None:

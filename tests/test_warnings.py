@@ -2,7 +2,8 @@
 `FilteraxDeprecationWarning`: shown by default, and a `UserWarning` as
 Equinox's are; `tree_inference` does not warn, as in Equinox. Differentiating
 an argument with nothing to differentiate warns with
-`NoDifferentiableLeafWarning`."""
+`NoDifferentiableLeafWarning`. Every warning filterax gives is a
+`FilteraxWarning` (and so a `UserWarning`)."""
 
 from __future__ import annotations
 
@@ -137,3 +138,70 @@ def test_no_differentiable_leaf_warning_can_be_filtered_by_category():
         assert fx.filter_grad(_loss)(jnp.arange(3), jnp.ones(3)) is None
     assert issubclass(fx.NoDifferentiableLeafWarning, UserWarning)
     assert fx.NoDifferentiableLeafWarning.__module__ == "filterax"
+
+
+def _batch_norm_without_mode():
+    fx.nn.BatchNorm(3, "batch")
+
+
+def _not_init_array():
+    class Derived(fx.Module):
+        x: jnp.ndarray
+        doubled: jnp.ndarray = fx.field(init=False)
+
+        def __post_init__(self):
+            self.doubled = 2 * self.x
+
+    Derived(jnp.ones(2))
+
+
+def _post_init_ignored():
+    class Both(fx.Module):
+        x: int
+
+        def __init__(self, x):
+            self.x = x
+
+        def __post_init__(self):
+            pass
+
+
+def _static_array():
+    class Table(fx.Module):
+        values: object = fx.field(static=True)
+
+    Table(jnp.arange(3))
+
+
+def _nothing_to_differentiate():
+    fx.filter_grad(lambda x: (x * 1.0).sum())(jnp.arange(3))
+
+
+@pytest.mark.parametrize(
+    "warns",
+    [
+        _batch_norm_without_mode,
+        _not_init_array,
+        _post_init_ignored,
+        _static_array,
+        _nothing_to_differentiate,
+        _dropout_deterministic,
+    ],
+)
+def test_every_warning_is_a_filterax_warning_and_a_user_warning(warns) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warns()
+    assert caught, f"{warns.__name__} gave no warning"
+    for warning in caught:
+        assert issubclass(warning.category, fx.FilteraxWarning), warning.category
+        assert issubclass(warning.category, UserWarning)
+
+
+def test_one_filter_silences_every_filterax_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=fx.FilteraxWarning)
+        _batch_norm_without_mode()
+        _static_array()
+        _nothing_to_differentiate()

@@ -13,6 +13,7 @@ from jax import lax
 
 from .._filters import is_array
 from .._split import split
+from .._warnings import FilteraxWarning
 from ._config import OnError
 from ._fill import _fill_where
 from ._host import _stack_inside_transforms
@@ -47,6 +48,7 @@ def _trace_time_failure(x: Any, message: str, mode: str) -> Any:
             "error_if: the check failed while tracing (its predicate was already "
             "known to be True); returning NaN in place of the checked arrays, as "
             "on_error='nan'.",
+            FilteraxWarning,
             stacklevel=4,
         )
         return jax.tree.map(

@@ -19,6 +19,7 @@ from .._mapping._shard import mesh_context
 from .._module import FunctionWrapper
 from .._split import flatten, is_module_type
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
+from .._warnings import FilteraxWarning
 from ._aot import CallPlan, Lowered
 from ._compiled import Compiled, compiled_for
 from ._direct import PENDING, Fallback, fallback_for
@@ -460,6 +461,6 @@ def _warn_if_it_hides_a_module(fun: Any) -> None:
             "traced (a new model compiles again, and gradients never reach "
             "them). Use the filtered transforms, e.g. "
             "`filter_jit(filter_vmap(model))`.",
-            UserWarning,
+            FilteraxWarning,
             stacklevel=3,
         )

@@ -4,7 +4,10 @@ provide, and the bookkeeping that tells which ones a class still lacks."""
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any, ClassVar, Generic, TypeVar, get_origin
+
+from .._warnings import ClassVarFieldWarning
 
 __all__ = [
     "AbstractClassVar",
@@ -50,9 +53,11 @@ class AbstractClassVar(Generic[_T]):
 
     Like [`AbstractVar`][filterax.AbstractVar], but resolved by a class
     attribute (`name: ClassVar[str] = "relu"`, or plain `name = "relu"`). An
-    instance field without a default also resolves it; a field *with* a
-    default is refused, because the class attribute it leaves behind would
-    silently disagree with the instances. The names a class still lacks are in
+    instance field without a default is accepted too, as Equinox accepts it,
+    with a [`ClassVarFieldWarning`][filterax.ClassVarFieldWarning] (the class
+    then has no value to read); a field *with* a default is refused, because
+    the class attribute it leaves behind would silently disagree with the
+    instances. The names a class still lacks are in
     its `__abstractclassvars__`.
 
     **Arguments:** the attribute's type, as a subscript: `AbstractClassVar[T]`.
@@ -134,7 +139,8 @@ def resolve_abstract_attributes(
     kind.
 
     Raises `TypeError` for an abstract annotation with a value, an unsubscripted
-    one, or an `AbstractClassVar` resolved by a field with a default.
+    one, or an `AbstractClassVar` resolved by a field with a default; warns
+    (`ClassVarFieldWarning`) for one resolved by a field without a default.
     """
     annotations = cls.__dict__.get("__annotations__", {})
     declared: dict[str, str] = {}
@@ -175,20 +181,37 @@ def resolve_abstract_attributes(
                 if (
                     is_class_var
                     and klass is cls
-                    and name in namespace
                     and name in kept
-                    and not isinstance(namespace[name], property)
                     and _annotation_kind(cls.__qualname__, name, kept[name]) is None
                 ):
-                    raise TypeError(
-                        f"{cls.__qualname__}.{name} resolves an AbstractClassVar "
-                        "with an instance field that has a default: the class "
-                        "attribute then disagrees with instances that set another "
-                        f"value. Declare it `{name}: ClassVar[...] = ...`, or give "
-                        "the field no default."
-                    )
+                    _check_instance_field_for_class_var(cls, name, namespace)
                 break
     return frozenset(abstract_vars), frozenset(abstract_class_vars)
+
+
+def _check_instance_field_for_class_var(
+    cls: type, name: str, namespace: dict[str, Any]
+) -> None:
+    """An `AbstractClassVar` that `cls` resolves with an instance field: refused
+    with a default (the class attribute would disagree with the instances),
+    accepted with a `ClassVarFieldWarning` without one, as Equinox accepts it."""
+    if name not in namespace:
+        warnings.warn(
+            f"{cls.__qualname__}.{name} resolves an AbstractClassVar with an "
+            f"instance field, so `{cls.__qualname__}.{name}` is not defined on "
+            "the class, which an AbstractClassVar promises. Declare it "
+            f"`{name}: ClassVar[...] = ...` to give the class its value.",
+            ClassVarFieldWarning,
+            stacklevel=4,  # the `class` statement, above the metaclass and resolver
+        )
+    elif not isinstance(namespace[name], property):
+        raise TypeError(
+            f"{cls.__qualname__}.{name} resolves an AbstractClassVar "
+            "with an instance field that has a default: the class "
+            "attribute then disagrees with instances that set another "
+            f"value. Declare it `{name}: ClassVar[...] = ...`, or give "
+            "the field no default."
+        )
 
 
 def abstract_error(

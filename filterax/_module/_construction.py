@@ -52,7 +52,7 @@ from .._compat import register_dataclass_node
 from .._filters import is_array, is_inexact_array_like
 from .._pretty import tree_pformat
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
-from .._warnings import GENERATED_FILENAME, warn_at_caller
+from .._warnings import GENERATED_FILENAME, FilteraxWarning, warn_at_caller
 from ._field import StaticArrayWarning
 
 __all__ = [
@@ -231,7 +231,7 @@ class ClassPlan:
             ):
                 _warned_not_init.add((cls, name))
                 warn_at_caller(
-                    _NOT_INIT_ARRAY.format(cls.__qualname__, name), UserWarning, 2
+                    _NOT_INIT_ARRAY.format(cls.__qualname__, name), FilteraxWarning, 2
                 )
         for check in self.check_inits:
             check(instance)
@@ -532,7 +532,7 @@ def warn_if_transformed(instance: Any) -> None:
                 "every transform (never updated by an optimiser). Use the filtered "
                 "transforms instead (`filterax.filter_jit(module)`, "
                 "`filterax.filter_grad`...), which keep the Module a pytree.",
-                UserWarning,
+                FilteraxWarning,
                 stacklevel=3,
             )
 

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._warnings import warn_deprecated
+from .._warnings import FilteraxWarning, warn_deprecated
 
 __all__ = [
     "AXES_KEY",
@@ -33,14 +33,15 @@ def check_axes_names(value: Any, where: str) -> tuple[str | None, ...]:
     )
 
 
-class StaticArrayWarning(UserWarning):
+class StaticArrayWarning(FilteraxWarning):
     """Warned once per field when a JAX array is stored in a static field.
 
     A static field lives in the treedef and is hashed on every transform call, so
     arrays belong in ordinary fields (or in a `NonDifferentiable`). JAX arrays
     are not hashable, so such a Module cannot be passed to `filter_jit` either.
 
-    **Arguments:** the message, as for `UserWarning`.
+    **Arguments:** the message, as for any
+    [`FilteraxWarning`][filterax.FilteraxWarning].
 
     **Returns:** a warning instance (raised through `warnings.warn`).
 

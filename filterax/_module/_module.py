@@ -15,6 +15,7 @@ from typing_extensions import dataclass_transform
 
 from .._pretty import tree_pformat
 from .._tree import tree_equal
+from .._warnings import FilteraxWarning
 from ._abstract import abstract_error, resolve_abstract_attributes
 from ._attributes import copy_wrapped_attributes
 from ._construction import (
@@ -93,7 +94,7 @@ def _warn_post_init_ignored(cls: type) -> None:
         "The `__post_init__` method will not be run: it only follows a "
         "generated `__init__`. Move its logic into `__init__` (or into "
         "`__check_init__`, which always runs).",
-        UserWarning,
+        FilteraxWarning,
         stacklevel=3,
     )
 

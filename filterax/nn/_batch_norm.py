@@ -11,7 +11,7 @@ from jaxtyping import Array, Bool, Inexact, Int, PRNGKeyArray
 
 from .._module import field
 from .._sharding import axes_overrides_field, declared_axes, layer_axes
-from .._warnings import warn_at_caller
+from .._warnings import FilteraxWarning, warn_at_caller
 from ._sequential import StatefulLayer
 from ._shared_helpers import default_floating_dtype
 from ._stateful import State, StateIndex
@@ -123,7 +123,7 @@ class BatchNorm(StatefulLayer):
                 "default). 'batch' normalises with the statistics of the batch "
                 "itself and is usually the better choice for new code; pass "
                 "mode='ema' or mode='batch' to choose and silence this warning.",
-                UserWarning,
+                FilteraxWarning,
                 stacklevel=2,
             )
             mode = "ema"

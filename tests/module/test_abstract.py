@@ -1,8 +1,10 @@
 """`AbstractClassVar`: resolved by a class attribute, or (as Equinox accepts)
-an instance field without a default; a field with a default is refused."""
+an instance field without a default, with a `ClassVarFieldWarning`; a field
+with a default is refused."""
 
 from __future__ import annotations
 
+import warnings
 from typing import ClassVar
 
 import pytest
@@ -14,14 +16,46 @@ class Activation(fx.Module):
     name: fx.AbstractClassVar[str]
 
 
-def test_an_abstract_class_var_resolved_by_a_field_without_default_is_accepted():
+def test_a_field_without_default_is_accepted_with_a_warning_at_the_class():
     # Equinox documents only class attributes as resolving it, but accepts (and
     # tests, in its `test_instance_overriding_abstract_class_var`) a field
-    # without a default; filterax keeps Equinox programs working.
-    class Child(Activation):
-        name: str
+    # without a default: filterax keeps such programs working, and says that
+    # `Child.name`, which an AbstractClassVar promises, does not exist.
+    with pytest.warns(fx.ClassVarFieldWarning, match=r"Child\.name.*ClassVar") as got:
 
+        class Child(Activation):
+            name: str
+
+    assert got[0].filename == __file__  # the class statement, not filterax
     assert Child("x").name == "x" and Child.__abstractclassvars__ == frozenset()
+    assert not hasattr(Child, "name")
+
+
+def test_the_warning_is_a_filterax_warning_that_one_filter_silences():
+    assert issubclass(fx.ClassVarFieldWarning, fx.FilteraxWarning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=fx.FilteraxWarning)
+
+        class Child(Activation):
+            name: str
+
+    assert Child("y").name == "y"
+
+
+def test_a_subclass_of_the_resolving_class_does_not_warn_again():
+    with pytest.warns(fx.ClassVarFieldWarning):
+
+        class Child(Activation):
+            name: str
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+
+        class Grandchild(Child):
+            other: int
+
+    assert Grandchild("z", 1).name == "z"
 
 
 def test_an_abstract_class_var_resolved_by_a_field_with_a_default_is_refused():

@@ -1054,8 +1054,10 @@ def test_abstract_class_var_may_be_resolved_by_a_field_without_default():
     class Parent(fx.Module):
         name: fx.AbstractClassVar[str]
 
-    class Child(Parent):
-        name: str
+    with pytest.warns(fx.ClassVarFieldWarning):
+
+        class Child(Parent):
+            name: str
 
     assert Child("x").name == "x"
 

@@ -439,11 +439,11 @@ def test_conv_transpose_jacobian_is_the_transpose_of_the_conv_jacobian(case):
     x, y = _normal(1, in_shape), _normal(2, out_shape)
     assert conv(x).shape == out_shape
     assert transpose(y).shape == in_shape
-    conv_jacobian = jax.jit(jax.jacfwd(conv))(x).reshape(math.prod(out_shape), -1)
-    transpose_jacobian = jax.jit(jax.jacfwd(transpose))(y).reshape(
-        math.prod(in_shape), -1
-    )
-    np.testing.assert_allclose(transpose_jacobian, conv_jacobian.T, atol=1e-6)
+    # Both are linear maps: equal on a random vector, they are equal (a
+    # nonzero difference vanishes only on a set of measure zero). JAX's own
+    # transpose of the convolution is the reference.
+    (adjoint,) = jax.jit(jax.linear_transpose(conv, x))(y)
+    np.testing.assert_allclose(transpose(y), adjoint, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", ADJOINT_CASES)
