@@ -12,19 +12,21 @@ statistics). This module teaches it filterax's types:
 - a `jax.Ref` as `Ref(...)` around its current value, and a typed PRNG key
   array as `key<fry>[3]` around its raw key data.
 
-Nothing here runs on `import filterax`, which must not import treescope:
-`Module.__treescope_repr__` imports this module the first time a Module is
-displayed, and importing it registers the handlers for the other types in
-treescope's registry.
+Nothing here runs on `import filterax`, which must not import treescope.
+Each displayed class has a `__treescope_repr__` hook that imports this module
+the first time treescope shows one of its instances and says what to show;
+importing it registers the handlers for JAX's Ref and key types.
 
-May import: `treescope`, `jax`, and the filterax classes it displays
-(`_ad` for `NonDifferentiable` and `SymbolicZero`, `nn` for `State`); nothing
-imports it at module level.
+May import: `treescope` and `jax`, and nothing of filterax: this module sits
+below every class it displays. The public names it teaches treescope
+(`filterax.nn.Linear`) are read from the `filterax` package already imported
+(`sys.modules`), never imported from here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
 import jax
@@ -38,13 +40,7 @@ from treescope import (
     type_registries as _registries,
 )
 
-import filterax
-
-from . import debug, nn
-from ._ad import NonDifferentiable, SymbolicZero
-from .nn import State
-
-__all__ = ["render_module", "render_object", "set_up"]
+__all__ = ["render_constructor", "render_entries", "render_module", "set_up"]
 
 _Renderer = renderers.TreescopeSubtreeRenderer
 _Rendering = rendering_parts.Rendering
@@ -91,35 +87,51 @@ def render_module(
     )
 
 
-def _render_non_differentiable(
-    node: Any, path: str | None, subtree_renderer: _Renderer
+def render_constructor(
+    node: Any,
+    attributes: dict[str, Any],
+    path: str | None,
+    subtree_renderer: _Renderer,
+    *,
+    coloured: bool = True,
 ) -> _Rendering:
+    """Renders `node` as `Name(attribute=..., ...)`: how `NonDifferentiable`
+    and `SymbolicZero` show, which are not dataclasses.
+
+    **Arguments:**
+
+    - `node`: the object; its class gives the name (and the colour).
+    - `attributes`: what to show, by name.
+    - `path`, `subtree_renderer`: treescope's arguments to the hook.
+    - `coloured`: whether to give it its class's background colour.
+
+    **Returns:** the treescope rendering.
+    """
     return repr_lib.render_object_constructor(
-        object_type=NonDifferentiable,
-        attributes={"value": node.value},
+        object_type=type(node),
+        attributes=attributes,
         path=path,
         subtree_renderer=subtree_renderer,
-        color=_color(NonDifferentiable),
+        color=_color(type(node)) if coloured else None,
     )
 
 
-def _render_symbolic_zero(
-    node: Any, path: str | None, subtree_renderer: _Renderer
-) -> _Rendering:
-    return repr_lib.render_object_constructor(
-        object_type=SymbolicZero,
-        attributes={"shape": node.shape, "dtype": node.dtype},
-        path=path,
-        subtree_renderer=subtree_renderer,
-    )
-
-
-def _render_state(
+def render_entries(
     node: Any, path: str | None, subtree_renderer: _Renderer
 ) -> _Rendering | Any:
+    """Renders a node as `Name(key=..., ...)` over its pytree children, named
+    by their dictionary keys (or key paths): how an `nn.State` shows its
+    entries (`Net.norm.batch_counter=...`).
+
+    **Arguments:** as for `render_module`.
+
+    **Returns:** the treescope rendering, or `NotImplemented` (treescope's
+    fallback) where the node cannot be flattened: a superseded `State`, whose
+    `repr` says so.
+    """
     try:
         children, _ = jtu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
-    except Exception:  # a superseded State: its repr says so
+    except Exception:
         return NotImplemented
     lines = []
     for key_path, value in children:
@@ -183,20 +195,10 @@ def _render_key_array(
     )
 
 
-def render_object(node: Any, path: str | None, subtree_renderer: _Renderer) -> Any:
-    """The `__treescope_repr__` of filterax's classes that are not Modules
-    (`NonDifferentiable`, `SymbolicZero`, `State`): their rendering, shown
-    even before anything else has imported this module."""
-    for cls, render in _HANDLERS:
-        if isinstance(node, cls):
-            return render(node, path, subtree_renderer)
-    return NotImplemented
-
-
 def set_up() -> None:
-    """Registers the handlers for the filterax types that are not Modules, and
-    the public names of classes and functions (`filterax.nn.Linear`, not the
-    module that defines it).
+    """Registers the handlers for JAX's Ref and typed key arrays, and the
+    public names of filterax's classes and functions (`filterax.nn.Linear`,
+    not the module that defines it) from the namespaces already imported.
 
     Runs when this module is imported; running it again changes nothing.
 
@@ -215,19 +217,14 @@ def set_up() -> None:
 
     ```
     """
-    for cls, render in _HANDLERS:
-        _registries.TREESCOPE_HANDLER_REGISTRY[cls] = render
-    for namespace in (filterax, nn, debug):
-        canonical_aliases.populate_from_public_api(
-            namespace, canonical_aliases.prefix_filter("filterax")
-        )
+    _registries.TREESCOPE_HANDLER_REGISTRY[_REF_TYPE] = _render_ref
+    _registries.TREESCOPE_HANDLER_REGISTRY[_KEY_ARRAY_TYPE] = _render_key_array
+    for name in ("filterax", "filterax.nn", "filterax.debug"):
+        namespace = sys.modules.get(name)
+        if namespace is not None:
+            canonical_aliases.populate_from_public_api(
+                namespace, canonical_aliases.prefix_filter("filterax")
+            )
 
 
-_HANDLERS: tuple[tuple[type[Any], Any], ...] = (
-    (NonDifferentiable, _render_non_differentiable),
-    (SymbolicZero, _render_symbolic_zero),
-    (State, _render_state),
-    (_REF_TYPE, _render_ref),
-    (_KEY_ARRAY_TYPE, _render_key_array),
-)
 set_up()

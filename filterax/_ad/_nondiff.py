@@ -115,9 +115,9 @@ class NonDifferentiable(metaclass=_NonDifferentiableType):
         """Treescope's display hook (the optional extra): shown by name, with
         array summaries, even before a Module has been displayed."""
         # Imported here: `import filterax` must not import treescope.
-        from .. import _treescope
+        from .._treescope import render_constructor
 
-        return _treescope.render_object(self, path, subtree_renderer)
+        return render_constructor(self, {"value": self.value}, path, subtree_renderer)
 
     def __init__(self, value: Any):
         object.__setattr__(self, "_value", value)

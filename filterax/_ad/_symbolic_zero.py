@@ -92,9 +92,12 @@ class SymbolicZero:
         """Treescope's display hook (the optional extra): shown by name, with
         array summaries, even before a Module has been displayed."""
         # Imported here: `import filterax` must not import treescope.
-        from .. import _treescope
+        from .._treescope import render_constructor
 
-        return _treescope.render_object(self, path, subtree_renderer)
+        attributes = {"shape": self.shape, "dtype": self.dtype}
+        return render_constructor(
+            self, attributes, path, subtree_renderer, coloured=False
+        )
 
     def __init__(self, shape: Sequence[int], dtype: Any):
         object.__setattr__(self, "shape", _checked_shape(shape))

@@ -177,9 +177,9 @@ class State:
         """Treescope's display hook (the optional extra): shown by name, with
         array summaries, even before a Module has been displayed."""
         # Imported here: `import filterax` must not import treescope.
-        from .. import _treescope
+        from .._treescope import render_entries
 
-        return _treescope.render_object(self, path, subtree_renderer)
+        return render_entries(self, path, subtree_renderer)
 
     def __init__(self, model: Any):
         values: dict[object, Any] = {}
