@@ -78,13 +78,7 @@ def render_module(
             attributes[field.name] = getattr(module, field.name)
         except AttributeError:  # a field an unfinished __init__ has not set
             continue
-    return repr_lib.render_object_constructor(
-        object_type=type(module),
-        attributes=attributes,
-        path=path,
-        subtree_renderer=subtree_renderer,
-        color=_color(type(module)),
-    )
+    return render_constructor(module, attributes, path, subtree_renderer)
 
 
 def render_constructor(
