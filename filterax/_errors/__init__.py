@@ -9,38 +9,33 @@ written into that message, and `runtime_error_from` (for `filter_jit`, and for
 checks run eagerly) swaps the XLA error for a `FilteraxRuntimeError` carrying
 the report.
 
-One module per concern:
+Three modules, from the bottom up:
 
-- `_types.py`: the exception types (`FilteraxRuntimeError` and its Equinox
-  name, `FilteraxTracetimeError`, `UnknownModeError`).
-- `_config.py`: environment configuration (`FILTERAX_ON_ERROR`,
-  `EQX_ON_ERROR`, the debugger's frame count).
-- `_reports.py`: report serials and the text of reports.
-- `_jit_rule.py`: `runtime_error_from`, the runtime-error rule for compiled
-  programs.
-- `_batching.py`: `any_over_batch`, the batching rule that keeps a check a
-  branch under `vmap`.
-- `_fill.py`: the values a failed check leaves in place of the checked ones.
-- `_host.py`: host callbacks and the debugger (stacks, frames to skip).
-- `_staged.py`: the check inside the program.
-- `_validation.py`: argument validation.
-- `_public.py`: `error_if`, `branched_error_if`.
+- `_report.py`: the exception types (`FilteraxRuntimeError` and its Equinox
+  name, `FilteraxTracetimeError`, `UnknownModeError`), the environment's
+  configuration, the reports filed under serial numbers, and
+  `runtime_error_from`, the runtime-error rule for compiled programs.
+- `_program.py`: the check inside the program (`lax.cond`, host callbacks, the
+  debugger), its batching rule `any_over_batch`, and the fill values of a
+  failed check.
+- `_public.py`: `error_if`, `branched_error_if` and their argument validation.
 
-May import: `jax`, NumPy, `.._filters` and `.._split` (the package root imports
+May import: `jax`, NumPy, `.._compat`, `.._filters`, `.._split` and
+`.._warnings` (the package root imports
 this folder). Other modules import it from here.
 """
 
-from ._batching import any_over_batch
-from ._config import OnError, default_on_error
-from ._host import own_frames_on_top
-from ._jit_rule import runtime_error_from
+from ._program import any_over_batch, own_frames_on_top
 from ._public import branched_error_if, error_if
-from ._types import (
+from ._report import (
     EquinoxRuntimeError,
     EquinoxTracetimeError,
     FilteraxRuntimeError,
     FilteraxTracetimeError,
+    OnError,
     UnknownModeError,
+    default_on_error,
+    runtime_error_from,
 )
 
 __all__ = [

@@ -1,5 +1,6 @@
-"""The public functions: `error_if` and `branched_error_if`, and what a check
-known to fail while it is traced does."""
+"""The public functions `error_if` and `branched_error_if`: their argument
+validation (predicate, message index, messages, mode), and what a check known
+to fail while it is traced does."""
 
 from __future__ import annotations
 
@@ -9,26 +10,99 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
+from jax.core import Tracer
 
 from .._filters import is_array
 from .._split import split
 from .._warnings import FilteraxWarning
-from ._config import OnError
-from ._fill import _fill_where
-from ._host import _stack_inside_transforms
-from ._jit_rule import runtime_error_from
-from ._reports import _message
-from ._staged import _checked
-from ._types import FilteraxTracetimeError
-from ._validation import (
-    _concretely_false,
-    _python_bool,
-    _validated_index,
-    _validated_mode,
-    _validated_msgs,
-    _validated_pred,
+from ._program import _checked, _fill_where, _stack_inside_transforms
+from ._report import (
+    _MODES,
+    FilteraxTracetimeError,
+    OnError,
+    UnknownModeError,
+    _message,
+    default_on_error,
+    runtime_error_from,
 )
+
+
+def _python_bool(pred: Any) -> bool | None:
+    """`pred` when it is a Python bool, decided while tracing; `None` for an
+    array, concrete or not, which is checked when the program runs (as in
+    Equinox, so that a check in a branch that never runs never fails)."""
+    return pred if type(pred) is bool else None
+
+
+def _concretely_false(pred: Any) -> bool:
+    """Whether an array predicate is concrete and all false: no check to
+    stage."""
+    return not isinstance(pred, Tracer) and not np.any(np.asarray(pred))
+
+
+def _validated_pred(pred: Any) -> Any:
+    """`pred` as a bool or boolean array. A number counts by its truth, as
+    in Equinox (`error_if(x, jnp.sum(x < 0), ...)`): non-zero fails."""
+    if isinstance(pred, (bool, np.bool_)):
+        return pred
+    if isinstance(pred, (int, float, complex)):
+        return bool(pred)
+    dtype = getattr(pred, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jnp.bool_):
+        return pred
+    if dtype is not None and jnp.issubdtype(dtype, jnp.number):
+        return pred != 0
+    shown = type(pred).__name__ if dtype is None else f"an array of {dtype}"
+    raise TypeError(
+        f"error_if: `pred` must be a bool or a boolean array (a number counts "
+        f"as true when non-zero), got {shown}. Compare to get one, e.g. `x < 0`."
+    )
+
+
+def _validated_index(index: Any, msgs: Sequence[str]) -> Any:
+    dtype = getattr(index, "dtype", None)
+    integer = isinstance(index, (int, np.integer)) and not isinstance(index, bool)
+    if not integer and (dtype is None or not jnp.issubdtype(dtype, jnp.integer)):
+        raise TypeError(
+            "branched_error_if: `index` must be an int or an integer array, got "
+            f"{type(index).__name__ if dtype is None else f'an array of {dtype}'}."
+        )
+    if not isinstance(index, Tracer) and np.size(index):
+        values = np.asarray(index)
+        low, high = int(values.min()), int(values.max())
+        if not (-len(msgs) <= low and high < len(msgs)):
+            raise ValueError(
+                f"branched_error_if: `index`={low if low < -len(msgs) else high} "
+                f"is out of range for {len(msgs)} message(s)."
+            )
+    return index
+
+
+def _validated_msgs(msgs: Any) -> tuple[str, ...]:
+    if (
+        isinstance(msgs, str)
+        or not isinstance(msgs, Sequence)
+        or not msgs
+        or not all(isinstance(m, str) for m in msgs)
+    ):
+        raise TypeError(
+            "branched_error_if: `msgs` must be a non-empty sequence of strings "
+            f"(one per value of `index`), got {msgs!r}."
+        )
+    return tuple(msgs)
+
+
+def _validated_mode(on_error: str) -> str:
+    if on_error == "default":
+        return default_on_error()
+    if on_error not in _MODES:
+        raise UnknownModeError(
+            f"error_if: on_error={on_error!r} is not one of 'default', "
+            f"{', '.join(map(repr, _MODES))}."
+        )
+    return on_error
 
 
 def _trace_time_failure(x: Any, message: str, mode: str) -> Any:

@@ -1,10 +1,12 @@
-"""Host callbacks and the debugger: the callback that reports a failed check
-(raising, or printing before the debugger opens), the stack of user code shown
-in a report, and the frames the debugger skips. A failed check's exception is
-kept out of JAX's callback log."""
+"""The check inside the program: a `lax.cond` that calls back to the host
+only when the check fails, with tangents passing straight through; its batching
+rule (a branch stays a branch under `vmap`); the values a failed check leaves
+in place of the checked ones; the host callbacks and the debugger (stacks,
+frames to skip). A failed check's exception is kept out of JAX's callback log."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -16,16 +18,55 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jax.custom_batching import custom_vmap
 
 from .._compat import shown_in_tracebacks
-from ._fill import _fill_value
-from ._reports import (
+from ._report import (
     _FAILURE_MARKER,
     _JAX_JIT_HINT,
+    _breakpoint_user_frames,
     _describe,
     _file_report,
     _runtime_report,
 )
+
+
+def _fill_value(dtype: Any) -> Any:
+    """NaN, or what stands for it in a non-float dtype; `None` if there is none."""
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return np.nan
+    if jnp.issubdtype(dtype, jnp.integer):
+        return np.iinfo(dtype).max
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return True
+    return None
+
+
+def _fill_where(flag: Any, leaf: jax.Array) -> jax.Array:
+    """`leaf`, with the fill value of its dtype where `flag` is `True`."""
+    if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        data = _fill_where(flag, jax.random.key_data(leaf))
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+    fill = _fill_value(leaf.dtype)
+    if fill is None:
+        return leaf
+    return jnp.where(flag, jnp.asarray(fill, leaf.dtype), leaf)
+
+
+@custom_vmap
+def any_over_batch(flag: jax.Array) -> jax.Array:
+    """`flag` itself; under `vmap`, an unbatched "any element is `True`", so
+    that the `lax.cond` on it stays a branch instead of becoming a select."""
+    return flag
+
+
+@any_over_batch.def_vmap
+def any_over_batch_rule(
+    axis_size: int, in_batched: Sequence[bool], flag: jax.Array
+) -> tuple[jax.Array, bool]:
+    del axis_size
+    return (jnp.any(flag, axis=0) if in_batched[0] else flag), False
 
 
 class _CheckFailed(Exception):
@@ -182,3 +223,74 @@ def _pause(token: jax.Array, num_frames: int | None) -> Any:
     if num_frames is None:
         return jax.debug.breakpoint(token=token, num_frames=1, filter_frames=False)
     return jax.debug.breakpoint(token=token, num_frames=num_frames)
+
+
+def _check(
+    leaves: list[jax.Array],
+    pred: jax.Array,
+    index: jax.Array,
+    *,
+    mode: str,
+    msgs: tuple[str, ...],
+    stack: str,
+) -> list[jax.Array]:
+    if mode == "nan":
+        # Per element: under vmap a batched predicate turns this into a select.
+        return lax.cond(
+            pred, lambda ls: [_fill_where(True, leaf) for leaf in ls], list, leaves
+        )
+
+    def on_failure(leaves: list[jax.Array], show_frames: bool) -> list[jax.Array]:
+        note = _DEBUGGER_NOTE if show_frames else _DEBUGGER_NOTE_UNDER_VMAP
+        report = functools.partial(
+            _host_failure,
+            msgs=msgs,
+            stack=stack if mode == "raise" else None,
+            note=note,
+        )
+        failed, leaves = _report_through_host(leaves, pred, index, report)
+        if mode == "breakpoint":
+            num_frames = None
+            if show_frames:
+                # `_pause`'s frame is filterax's too, shown where this one is.
+                own = own_frames_on_top()
+                num_frames = own + (1 if own else 0) + _breakpoint_user_frames()
+            paused = _pause(any_over_batch(failed), num_frames)
+            # Depending on the debugger's output keeps it from being pruned.
+            leaves = [_fill_where(failed & paused, leaf) for leaf in leaves]
+        return leaves
+
+    def run(show_frames: bool) -> list[jax.Array]:
+        branch = functools.partial(on_failure, show_frames=show_frames)
+        return lax.cond(any_over_batch(pred), branch, list, leaves)
+
+    if mode == "breakpoint":
+        try:
+            return run(show_frames=True)
+        except NotImplementedError:
+            # `vmap` could not batch the debugger's capture of batched locals.
+            return run(show_frames=False)
+    return run(show_frames=True)
+
+
+def _checked(
+    leaves: list[jax.Array],
+    pred: jax.Array,
+    index: jax.Array,
+    *,
+    mode: str,
+    msgs: tuple[str, ...],
+    stack: str,
+) -> list[jax.Array]:
+    """`_check`, with tangents passing straight through: differentiation
+    never sees the branch or the callback."""
+
+    @jax.custom_jvp
+    def check(leaves: list[jax.Array], pred: jax.Array, index: jax.Array) -> Any:
+        return _check(leaves, pred, index, mode=mode, msgs=msgs, stack=stack)
+
+    @check.defjvp
+    def check_jvp(primals: tuple, tangents: tuple) -> tuple:
+        return check(*primals), tangents[0]
+
+    return check(leaves, pred, index)
