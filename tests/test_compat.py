@@ -162,3 +162,12 @@ def test_traceback_boundary_filters_the_frames_below_it():
     # `inner` is this test file's, so kept; JAX's re-raising wrapper is hidden.
     assert "inner" in names and "reraise_with_filtered_traceback" not in names
     assert entry.__name__ == "entry" and entry.__wrapped__ is not None
+
+
+def test_the_jaxpr_types_are_those_jax_extend_core_names():
+    # Read from `jax._src.core` so that `import filterax` does not import
+    # `jax.extend` (which imports Pallas); they must stay the public objects.
+    import jax.extend.core
+
+    for name in ("ClosedJaxpr", "Jaxpr", "Var", "jaxpr_as_fun", "jaxprs_in_params"):
+        assert getattr(_compat, name) is getattr(jax.extend.core, name), name

@@ -13,7 +13,8 @@ forward mode, VJPs, Jacobians, custom rules and checkpointing.
   `_checkpoint.py`: one transform (family) each.
 
 May import: `jax`, `_filters`, `_split`, `_structure`, `_pretty`, `_tree`,
-`_compat`, `_warnings` and `_module`. Nothing below this folder imports it.
+`_compat`, `_warnings`, `_module` and `_treescope` (the display hooks).
+Nothing below this folder imports it.
 """
 
 from ._checkpoint import filter_checkpoint

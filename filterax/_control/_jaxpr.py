@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun, jaxprs_in_params
 
+from .._compat import ClosedJaxpr, Jaxpr, jaxpr_as_fun, jaxprs_in_params
 from .._filters import is_ref
 from .._split import interleave
 
