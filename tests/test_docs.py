@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import os
 import re
 import sys
@@ -34,7 +35,7 @@ _NO_RUN_COMMENT = re.compile(r"^\s*<!--\s*no-run\s*-->\s*$")
 _PYTHON_LANGUAGES = {"python", "py", "python3"}
 # Pages that import these (from the `examples` and `test` extras) are skipped
 # when they are missing, rather than failing.
-OPTIONAL_MODULES = {"optax", "matplotlib", "beartype", "orbax"}
+OPTIONAL_MODULES = {"optax", "matplotlib", "beartype", "orbax", "safetensors"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,9 +187,16 @@ def _public_names(namespace: Any) -> set[str]:
     }
 
 
-@pytest.mark.parametrize(
-    "namespace", ["filterax", "filterax.nn", "filterax.debug", "filterax.checkpoint"]
-)
+NAMESPACES = [
+    "filterax",
+    "filterax.nn",
+    "filterax.debug",
+    "filterax.checkpoint",
+    "filterax.safetensors",
+]
+
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
 def test_api_reference_documents_every_public_name(namespace: str) -> None:
     public = _public_names(importlib.import_module(namespace))
     assert public, f"{namespace} exports nothing: the check would pass vacuously"
@@ -198,6 +206,22 @@ def test_api_reference_documents_every_public_name(namespace: str) -> None:
         documented |= set(entry.findall(page.read_text(encoding="utf-8")))
     assert sorted(public - documented) == []
     assert sorted(documented - public) == []
+
+
+def test_the_api_index_has_a_table_for_every_namespace() -> None:
+    # The MkDocs hook that writes docs/api/index.md, run on the real pages:
+    # optional subpackages (not imported by `import filterax`) are listed too.
+    path = ROOT / "docs" / "scripts" / "api_index.py"
+    spec = importlib.util.spec_from_file_location("api_index", path)
+    assert spec is not None and spec.loader is not None
+    api_index = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(api_index)
+    markdown = api_index.index_markdown(ROOT / "docs" / "api")
+    headings = re.findall(r"^## `([\w.]+)`$", markdown, re.M)
+    assert headings[0] == "filterax" and headings[1:] == sorted(headings[1:])
+    assert sorted(set(NAMESPACES) - set(headings)) == []
+    assert "| [`load`][filterax.safetensors.load] | Loads a pytree's" in markdown
+    assert "| [`Checkpointer`][filterax.checkpoint.Checkpointer] |" in markdown
 
 
 _SNIPPET = re.compile(r'^\s*--8<-- "(?P<path>[^"]+)"\s*$')

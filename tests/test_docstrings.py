@@ -8,12 +8,14 @@ import pytest
 
 import filterax as fx
 import filterax.checkpoint
+import filterax.safetensors
 
 NAMESPACES = {
     "filterax": fx,
     "filterax.nn": fx.nn,
     "filterax.debug": fx.debug,
     "filterax.checkpoint": filterax.checkpoint,
+    "filterax.safetensors": filterax.safetensors,
 }
 
 

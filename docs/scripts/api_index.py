@@ -24,6 +24,9 @@ from typing import Any
 MARKER = "<!-- api-index -->"
 PAGE = "api/index.md"
 ROOT_PACKAGE = "filterax"
+# Public subpackages that `import filterax` does not import, because each needs
+# an optional extra (orbax, safetensors): imported here by name.
+OPTIONAL_SUBPACKAGES = ("checkpoint", "safetensors")
 
 _logger = logging.getLogger("mkdocs.hooks.api_index")
 
@@ -44,17 +47,25 @@ def public_names(module: types.ModuleType) -> list[str]:
 
 
 def namespaces() -> list[types.ModuleType]:
-    """`filterax` and each public subpackage it exposes (`filterax.nn`, ...)."""
+    """`filterax` and each public subpackage: those it exposes (`filterax.nn`,
+    ...) and the optional ones (`filterax.checkpoint`, ...), sorted by name."""
     root = importlib.import_module(ROOT_PACKAGE)
-    found = [root]
-    for name, value in sorted(vars(root).items()):
+    found = {}
+    for name, value in vars(root).items():
         if (
             isinstance(value, types.ModuleType)
             and not name.startswith("_")
             and value.__name__ == f"{ROOT_PACKAGE}.{name}"
         ):
-            found.append(value)
-    return found
+            found[name] = value
+    for name in OPTIONAL_SUBPACKAGES:
+        try:
+            found[name] = importlib.import_module(f"{ROOT_PACKAGE}.{name}")
+        except ModuleNotFoundError as error:  # its extra is not installed
+            _logger.warning(
+                "%s.%s is not in the API index: %s", ROOT_PACKAGE, name, error
+            )
+    return [root] + [found[name] for name in sorted(found)]
 
 
 def summary(value: Any) -> str:
