@@ -35,7 +35,17 @@ _NO_RUN_COMMENT = re.compile(r"^\s*<!--\s*no-run\s*-->\s*$")
 _PYTHON_LANGUAGES = {"python", "py", "python3"}
 # Pages that import these (from the `examples` and `test` extras) are skipped
 # when they are missing, rather than failing.
-OPTIONAL_MODULES = {"optax", "matplotlib", "beartype", "orbax", "safetensors"}
+OPTIONAL_MODULES = {
+    "optax",
+    "matplotlib",
+    "beartype",
+    "orbax",
+    "safetensors",
+    "diffrax",
+    "optimistix",
+    "lineax",
+    "equinox",
+}
 
 
 @dataclasses.dataclass(frozen=True)

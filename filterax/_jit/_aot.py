@@ -120,11 +120,30 @@ class Lowered:
 
     `compile(compiler_options=...)` gives a [`CompiledCall`][]; `as_text()`,
     `cost_analysis()`, `compiler_ir()` and every other attribute are those of
-    `jax.stages.Lowered`.
+    `jax.stages.Lowered`, which is also the public attribute `lowered` (as in
+    Equinox, where code reaches it as `lowered.lowered`).
+
+    **Arguments:**
+
+    - `lowered`: JAX's `jax.stages.Lowered` of the keyed body of the call.
+    - `plan`: how a call of the compiled function is checked and arranged.
+
+    **Returns:** the lowered call (made by `lower`, not by users).
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> import filterax as fx
+    >>> lowered = fx.filter_jit(lambda x: 2 * x).lower(jnp.ones(3))
+    >>> isinstance(lowered.lowered, jax.stages.Lowered)
+    True
+
+    ```
     """
 
+    lowered: jax.stages.Lowered
+
     def __init__(self, lowered: jax.stages.Lowered, plan: CallPlan):
-        self._lowered = lowered
+        self.lowered = lowered
         self._plan = plan
 
     def compile(self, compiler_options: dict[str, Any] | None = None) -> CompiledCall:
@@ -139,30 +158,57 @@ class Lowered:
         function.
         """
         with donation_warning_ignored(self._plan.silence):
-            compiled = self._lowered.compile(compiler_options=compiler_options)
+            compiled = self.lowered.compile(compiler_options=compiler_options)
         return CompiledCall(compiled, self._plan)
 
     def bound_to(self, first: Any) -> Lowered:
         """This lowered call, compiling to a function that takes its arguments
         but the first, which is `first` (a bound method's instance)."""
-        return Lowered(self._lowered, self._plan.with_first(first))
+        return Lowered(self.lowered, self._plan.with_first(first))
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._lowered, name)
+        if name in ("lowered", "_plan"):  # not set yet (`copy.copy`): no recursion
+            raise AttributeError(name)
+        return getattr(self.lowered, name)
 
 
 class CompiledCall:
-    """A compiled `filter_jit` call, called with the original arguments."""
+    """A compiled `filter_jit` call, called with the original arguments.
 
-    def __init__(self, compiled: Any, plan: CallPlan):
-        self._compiled = compiled
+    JAX's `jax.stages.Compiled` is the public attribute `compiled` (as in
+    Equinox: `compiled.compiled.cost_analysis()`); its other attributes are
+    reached through this object too.
+
+    **Arguments:**
+
+    - `compiled`: JAX's `jax.stages.Compiled` of the keyed body of the call.
+    - `plan`: how a call is checked and arranged (the lowered call's).
+
+    **Returns:** a callable taking the `filter_jit` function's arguments.
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> import filterax as fx
+    >>> compiled = fx.filter_jit(lambda x: 2 * x).lower(jnp.ones(3)).compile()
+    >>> isinstance(compiled.compiled, jax.stages.Compiled)
+    True
+    >>> compiled(jnp.ones(3))
+    Array([2., 2., 2.], dtype=float32)
+
+    ```
+    """
+
+    compiled: jax.stages.Compiled
+
+    def __init__(self, compiled: jax.stages.Compiled, plan: CallPlan):
+        self.compiled = compiled
         self._plan = plan
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         first, rest = self._plan.arguments(args, kwargs)
         with donation_warning_ignored(self._plan.silence):
             try:
-                out = self._compiled(*self._plan.groups(first, rest))
+                out = self.compiled(*self._plan.groups(first, rest))
             except Exception as error:
                 translated = runtime_error_from(error)
                 if translated is None:
@@ -173,4 +219,6 @@ class CompiledCall:
         return out
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._compiled, name)
+        if name in ("compiled", "_plan"):  # not set yet (`copy.copy`): no recursion
+            raise AttributeError(name)
+        return getattr(self.compiled, name)

@@ -3,8 +3,10 @@
 - `_module.py`: the metaclass, `Module`, `BoundMethod` and the descriptor that
   binds plain methods.
 - `_construction.py`: generated and custom `__init__`s, the steps that follow
-  `__init__` (defaults, converters, checks), pytree registration and JAX's
-  unflatten.
+  `__init__` (defaults, converters, checks), a class's own `__new__` (which may
+  assign fields, as in Equinox), pytree registration and JAX's unflatten.
+- `_frozen.py`: the read-only lists, dicts, sets and NumPy arrays that static
+  fields hold instead of mutable ones.
 - `_field.py`: `field`, `static_field`. `_abstract.py`: `AbstractVar`,
   `AbstractClassVar`. `_partial.py`: `Partial`. `_wrappers.py`:
   `module_update_wrapper`, and `FunctionWrapper`, the one base of the callable
@@ -13,9 +15,10 @@
   wraps.
 
 May import: `jax`, `_compat` (the only home of JAX internals), `_filters`,
-`_structure`, `_pretty` and `_tree` (printing and equality sit below Modules and
-know nothing about them), `_transformed` (recognising JAX transforms) and
-`_warnings` (deprecations, warnings attributed to the caller).
+`_pretty` and `_tree` (printing and equality sit below Modules and know
+nothing about them), `_transformed` (recognising JAX transforms),
+`_warnings` (deprecations, warnings attributed to the caller) and, deferred to
+the display hook, `_treescope` (treescope is an optional extra).
 """
 
 from ._abstract import AbstractClassVar, AbstractVar

@@ -26,6 +26,10 @@ decided when the class is registered (see `ClassPlan.register`):
   value is the class itself: finding it among the keyword arguments is how
   `__init__` recognises an unflatten.
 
+A class with its own `__new__` (see `FieldsSetInNew`) is never plain: the
+unflatten call reaches its `__new__` first, and the wrapper of that `__new__`
+recognises it as the `__init__` does, and skips the user's code.
+
 Both generated and wrapping `__init__`s take the fields (and `__class__`) as
 named parameters rather than through `**kwargs`: binding keywords to named
 parameters builds no dictionary, which keeps an unflatten within the cost of
@@ -46,17 +50,17 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 
 from .._compat import register_dataclass_node
 from .._filters import is_array, is_inexact_array_like
-from .._pretty import tree_pformat
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
 from .._warnings import GENERATED_FILENAME, FilteraxWarning, warn_at_caller
 from ._field import StaticArrayWarning
+from ._frozen import FROZEN_STATIC_TYPES, freeze_static
 
 __all__ = [
     "ClassPlan",
+    "FieldsSetInNew",
     "effective_fields",
     "guard_replaced_init",
     "make_generated_init",
@@ -64,6 +68,7 @@ __all__ = [
     "module_setattr",
     "unpickle",
     "wrap_custom_init",
+    "wrap_user_new",
 ]
 
 _UNFLATTEN_FIELD = "__class__"
@@ -88,6 +93,11 @@ _REGISTRATION_LOCK = threading.Lock()
 # Instances whose `__init__` (or `__post_init__`) is running, by `id`: only these
 # accept attribute assignment.
 _INITIALISING: set[int] = set()
+
+# Instances made by a user-written `__new__` (see `FieldsSetInNew`), by `id`,
+# from their creation until their `__init__` starts: they accept assignment to
+# their fields too.
+_MADE_IN_NEW: set[int] = set()
 
 _warned_static_arrays: set[tuple[type, str]] = set()
 _MISSING = dataclasses.MISSING
@@ -126,6 +136,7 @@ class ClassPlan:
         "field_count",
         "field_names",
         "field_order",
+        "fields_in_new",
         "generated_init",
         "meta_fields",
         "not_init_fields",
@@ -160,8 +171,10 @@ class ClassPlan:
             for f in fields
             if f.default is not _MISSING or f.default_factory is not _MISSING
         )
+        self.fields_in_new = issubclass(cls, FieldsSetInNew)
         self.plain = not (
             custom_init
+            or self.fields_in_new
             or abstract_error
             or hasattr(cls, "__post_init__")
             or self.check_inits
@@ -310,10 +323,11 @@ def check_static_value(cls: type, name: str, value: Any) -> Any:
     """The value to store in static field `cls.name`, given `value`.
 
     A hashable value is stored as it is. An unhashable one is accepted, as in
-    Equinox (JAX compares static values with `==`), but frozen: lists, dicts
-    and sets become the read-only `FrozenStaticList`, `FrozenStaticDict` and
-    `FrozenStaticSet` (still a `list`, `dict`, `set`), NumPy arrays read-only
-    copies, inside tuples, lists and dicts too. A static value is part of the
+    Equinox (JAX compares static values with `==`), but frozen (see
+    `_frozen`): lists, dicts, sets and NumPy arrays become the read-only
+    `FrozenStaticList`, `FrozenStaticDict`, `FrozenStaticSet` (still a `list`,
+    `dict`, `set`) and `FrozenStaticArray` (a read-only copy, still an
+    `np.ndarray`), inside tuples, lists and dicts too. A static value is part of the
     structure of every program compiled for the Module, and a change made in
     place after a call would not be seen by a compilation keyed on that same
     object: the change raises instead, naming the field. A JAX or NumPy array
@@ -340,144 +354,6 @@ def check_static_value(cls: type, name: str, value: Any) -> Any:
     return freeze_static(value, f"{cls.__qualname__}.{name}")
 
 
-def freeze_static(value: Any, where: str) -> Any:
-    """`value` with its lists, dicts, sets and NumPy arrays (inside tuples,
-    lists and dicts too) replaced by read-only equivalents; `where` names it
-    in the error that a change raises."""
-    cls = type(value)
-    if cls is list:
-        return FrozenStaticList(
-            [freeze_static(item, f"{where}[{i}]") for i, item in enumerate(value)],
-            where,
-        )
-    if cls is dict:
-        return FrozenStaticDict(
-            {k: freeze_static(v, f"{where}[{k!r}]") for k, v in value.items()},
-            where,
-        )
-    if cls is set:
-        return FrozenStaticSet(value, where)
-    if cls is tuple:
-        items = tuple(
-            freeze_static(item, f"{where}[{i}]") for i, item in enumerate(value)
-        )
-        return value if all(map(_same, items, value)) else items
-    if cls is np.ndarray and (value.flags.writeable or value.base is not None):
-        # A copy: the caller's array may still be changed through other names.
-        frozen = np.array(value, copy=True)
-        frozen.flags.writeable = False
-        return frozen
-    return value
-
-
-def _same(a: Any, b: Any) -> bool:
-    return a is b
-
-
-def _refusal(kind: str, method: str) -> Callable[..., Any]:
-    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(
-            f"{self.where} is a {kind} held in a static field: part of the "
-            "structure of every program compiled for the Module, so it cannot "
-            f"be changed in place (`{method}`), as code compiled before would "
-            "not see the change. Build a new Module with a new value instead "
-            f"(`{kind}(...)` of this one gives a mutable copy)."
-        )
-
-    refuse.__name__ = method
-    return refuse
-
-
-class FrozenStaticList(list):
-    """A list stored in a static field: reads as a `list`, refuses changes
-    (`TypeError` naming the field), hashable by its items."""
-
-    __slots__ = ("where",)
-
-    def __init__(self, items: Any = (), where: str = "a static value"):
-        list.__init__(self, items)
-        self.where = where
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(tuple(self))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (list(self), self.where)
-
-    def __repr__(self) -> str:
-        return repr(list(self))
-
-    def __tree_pformat__(self) -> str:
-        return tree_pformat(list(self))
-
-
-class FrozenStaticDict(dict):
-    """A dict stored in a static field: reads as a `dict`, refuses changes
-    (`TypeError` naming the field), hashable by its items."""
-
-    __slots__ = ("where",)
-
-    def __init__(self, items: Any = (), where: str = "a static value"):
-        dict.__init__(self, items)
-        self.where = where
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(frozenset(self.items()))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (dict(self), self.where)
-
-    def __repr__(self) -> str:
-        return repr(dict(self))
-
-    def __tree_pformat__(self) -> str:
-        return tree_pformat(dict(self))
-
-
-class FrozenStaticSet(set):
-    """A set stored in a static field: reads as a `set`, refuses changes
-    (`TypeError` naming the field), hashable by its items."""
-
-    __slots__ = ("where",)
-
-    def __init__(self, items: Any = (), where: str = "a static value"):
-        set.__init__(self, items)
-        self.where = where
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(frozenset(self))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (set(self), self.where)
-
-    def __repr__(self) -> str:
-        return repr(set(self))
-
-    def __tree_pformat__(self) -> str:
-        return tree_pformat(set(self))
-
-
-_MUTATORS: dict[type, tuple[str, str]] = {
-    FrozenStaticList: (
-        "list",
-        "__setitem__ __delitem__ __iadd__ __imul__ append extend insert pop "
-        "remove clear sort reverse",
-    ),
-    FrozenStaticDict: (
-        "dict",
-        "__setitem__ __delitem__ __ior__ pop popitem clear update setdefault",
-    ),
-    FrozenStaticSet: (
-        "set",
-        "__iand__ __ior__ __isub__ __ixor__ add discard remove pop clear update "
-        "difference_update intersection_update symmetric_difference_update",
-    ),
-}
-for _frozen_type, (_kind, _methods) in _MUTATORS.items():
-    for _method in _methods.split():
-        setattr(_frozen_type, _method, _refusal(_kind, _method))
-
-
 # Types of static values that need no check: always hashable, or already
 # frozen. Checked by type alone, so JAX's unflatten pays nothing for them.
 _ALWAYS_HASHABLE = frozenset(
@@ -495,9 +371,7 @@ _ALWAYS_HASHABLE = frozenset(
         frozenset,
         range,
         *TRANSFORM_TYPES,  # hashed by identity (`jax.nn.relu` is a custom_jvp)
-        FrozenStaticList,
-        FrozenStaticDict,
-        FrozenStaticSet,
+        *FROZEN_STATIC_TYPES,
     }
 )
 _MODULE_TYPES: list[type] = []  # filled by `_module.py` with `Module`
@@ -670,6 +544,9 @@ def make_generated_init(cls: type, plan: ClassPlan) -> Callable[..., None]:
     if keyword:
         params += ["*", *keyword]
     lines = ["if not _fx_plan.registered: _fx_plan.register(_fx_cls)"]
+    if plan.fields_in_new:
+        closure["_fx_made_in_new"] = _MADE_IN_NEW
+        lines.append(_RELEASE_NEW_MARK)
     unflatten_only: frozenset[str] = frozenset()
     if not plan.plain:
         closure["_fx_unset"] = _UNSET
@@ -832,6 +709,7 @@ def wrap_custom_init(
         "):",
         f"  _fx_d = _fx_self.__dict__{stores}",
         "  return",
+        *([_RELEASE_NEW_MARK] if plan.fields_in_new else []),
         *(
             f"if {name} is not _fx_unset: _fx_kwargs[{name!r}] = {name}"
             for name in caught
@@ -855,6 +733,7 @@ def wrap_custom_init(
         "_fx_plan": plan,
         "_fx_unset": _UNSET,
         "_fx_initialising": _INITIALISING,
+        "_fx_made_in_new": _MADE_IN_NEW,
         **_BUILTINS,
     }
     params = ", ".join(["_fx_self", "/", "*_fx_args", *caught, "**_fx_kwargs"])
@@ -888,9 +767,101 @@ def guard_replaced_init(
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if kwargs and _store_unflattened(self, args, kwargs):
             return
+        _MADE_IN_NEW.discard(id(self))
         new_init(self, *args, **kwargs)
 
     return __init__
+
+
+# --- a user-written __new__ -----------------------------------------------------------
+
+# Run first by the `__init__` of a class with a user-written `__new__`: from
+# then on, `__init__`'s own rules apply.
+_RELEASE_NEW_MARK = "_fx_made_in_new.discard(_fx_id(_fx_self))"
+
+
+class _NewCalls(threading.local):
+    """The user-written `__new__`s running in this thread: how many, and the
+    ids of the instances they marked."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.made: list[int] = []
+
+
+_NEW_CALLS = _NewCalls()
+
+
+class FieldsSetInNew:
+    """The last base (before `object`) of a Module class that writes its own
+    `__new__`, added by the metaclass, as in Equinox, where `Module.__new__`
+    does this for every class:
+    `super().__new__(cls, *args, **kwargs)` reaches this `__new__`, which
+    ignores the arguments and marks the new instance, so that the user's
+    `__new__` may assign its fields (`setattr(obj, "x", ...)`). The mark is
+    taken off when the outermost user `__new__` returns (see
+    `wrap_user_new`), and when `__init__` starts (a Module built inside
+    another's `__new__`); `__init__`'s own rules apply then, and the instance
+    is frozen when it returns.
+
+    Classes without a `__new__` of their own do not have this base: their
+    construction costs nothing more.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        del args, kwargs  # the user's `__new__` passes on its arguments, or not
+        instance = object.__new__(cls)
+        _MADE_IN_NEW.add(id(instance))
+        _NEW_CALLS.made.append(id(instance))
+        return instance
+
+
+def wrap_user_new(user_new: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps a Module class's own `__new__`. JAX's unflatten (every field by
+    keyword, see the module docstring) gets a bare instance without calling
+    it, as Equinox's does. Otherwise it runs, and the instances it marked
+    (through `FieldsSetInNew`) lose their mark when it returns or fails,
+    except the one it returns to an enclosing `__new__`: once the outermost
+    returns, nothing made on the way is assignable.
+    """
+
+    @functools.wraps(user_new)
+    def __new__(cls: type, /, *args: Any, **kwargs: Any) -> Any:
+        if kwargs and not args:
+            plan = cls.__dict__["__filterax_plan__"]
+            if (
+                kwargs.get(_UNFLATTEN_FIELD) is cls
+                if plan.uses_marker
+                else kwargs.keys() == plan.field_names
+            ):
+                return object.__new__(cls)
+        calls = _NEW_CALLS
+        made = calls.made
+        start = len(made)
+        kept = None
+        calls.depth += 1
+        try:
+            instance = user_new(cls, *args, **kwargs)
+            if isinstance(instance, cls):
+                kept = id(instance)
+            return instance
+        finally:
+            calls.depth -= 1
+            # Marked during this call: the instance returned keeps its mark
+            # while an enclosing `__new__` runs (the one that called this
+            # through `super().__new__`, say), and stays listed for it to
+            # decide again; the others lose it, and so does every one once
+            # the outermost `__new__` returns.
+            for key in made[start:]:
+                if key != kept or not calls.depth:
+                    _MADE_IN_NEW.discard(key)
+            del made[start:]
+            if kept is not None and calls.depth:
+                made.append(kept)
+
+    return __new__
 
 
 # --- immutability ------------------------------------------------------------------------
@@ -899,7 +870,9 @@ _BOUND_METHOD_TYPES: list[type] = []  # filled by `_module.py` with `BoundMethod
 
 
 def module_setattr(self: Any, name: str, value: Any) -> None:
-    if id(self) in _INITIALISING:
+    # The second test only runs when the first fails, which is never during
+    # an `__init__`: assignments there cost one set lookup.
+    if id(self) in _INITIALISING or id(self) in _MADE_IN_NEW:
         if name not in type(self).__filterax_plan__.field_names:
             # An `AttributeError`, of the type Equinox raises here.
             raise dataclasses.FrozenInstanceError(

@@ -22,12 +22,14 @@ from ._construction import (
     _BOUND_METHOD_TYPES,
     _MODULE_TYPES,
     ClassPlan,
+    FieldsSetInNew,
     guard_replaced_init,
     make_generated_init,
     module_delattr,
     module_setattr,
     unpickle,
     wrap_custom_init,
+    wrap_user_new,
 )
 from ._field import field
 
@@ -66,6 +68,24 @@ def StrictConfig(  # noqa: N802 - Equinox's name, once a class
     """
     force_abstract = force_abstract or bool(kwargs.get("force_abstact", False))
     return None if force_abstract else False
+
+
+def _user_new(namespace: dict[str, Any]) -> Callable[..., Any] | None:
+    """The `__new__` a class body defines, unless it is filterax's own
+    (`BoundMethod`'s, marked by `_own_new`)."""
+    new = namespace.get("__new__")
+    if isinstance(new, staticmethod):
+        new = new.__func__
+    if new is None or getattr(new, "__filterax_own_new__", False):
+        return None
+    return new
+
+
+def _own_new(new: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks a `__new__` of filterax's own, which needs no wrapping (see
+    `FieldsSetInNew`)."""
+    new.__filterax_own_new__ = True  # type: ignore[attr-defined]
+    return new
 
 
 def is_dunder(name: str) -> bool:
@@ -125,6 +145,11 @@ class _ModuleMeta(abc.ABCMeta):
                     f"{name} defines {attribute}; Module instances are immutable "
                     "after __init__ and manage attribute assignment themselves."
                 )
+        user_new = _user_new(namespace)
+        if user_new is not None and not any(
+            issubclass(base, FieldsSetInNew) for base in bases
+        ):
+            bases = (*bases, FieldsSetInNew)
         cls = super().__new__(mcs, name, bases, namespace, **kwargs)
         abstract_vars, abstract_class_vars = resolve_abstract_attributes(cls, namespace)
 
@@ -138,6 +163,8 @@ class _ModuleMeta(abc.ABCMeta):
         # `__init__` runs.
         set_attribute("__setattr__", module_setattr)
         set_attribute("__delattr__", module_delattr)
+        if user_new is not None:
+            set_attribute("__new__", staticmethod(wrap_user_new(user_new)))
         for attr_name, value in _methods_to_bind(cls, namespace):
             set_attribute(attr_name, method_descriptor(value))
         inherited = None if "__init__" in namespace else _nearest_init(cls)
@@ -238,7 +265,9 @@ class Module(metaclass=_ModuleMeta):
     Subclasses are dataclasses automatically. Fields are pytree children in
     declaration order, with `GetAttrKey(name)` key paths; `field(static=True)`
     keeps a value in the treedef instead. A custom `__init__` may assign
-    `self.name = value`; afterwards the instance is immutable. Once `__init__`
+    `self.name = value` (and so may the class's own `__new__`, on the instance
+    `super().__new__(cls)` gives, as in Equinox); afterwards the instance is
+    immutable. Once `__init__`
     returns, converters run and then `__check_init__`, on every class of the
     MRO, for validation. Plain methods accessed on an instance are pytrees too
     (see [`BoundMethod`][filterax.BoundMethod]). `==` is
@@ -332,6 +361,7 @@ class BoundMethod(Module, functools.partial):
     __func__: Callable[..., Any] = dataclasses.field(metadata={"static": True})
     __self__: Any
 
+    @_own_new
     def __new__(cls, *args: Any, **kwargs: Any) -> BoundMethod:
         # A `functools.partial` of the function and the instance as well, so
         # that calling a bound method runs in C and adds no Python frame to

@@ -32,8 +32,8 @@ def _with_flags(node: Any, value: bool) -> Any:
     return node
 
 
-def inference_mode(model: _T, value: bool = True) -> _T:
-    """A copy of `model` with every layer's `inference` flag set to `value`.
+def inference_mode(pytree: _T, value: bool = True) -> _T:
+    """A copy of `pytree` with every layer's `inference` flag set to `value`.
 
     Layers that behave differently in training and inference
     ([`Dropout`][filterax.nn.Dropout], [`BatchNorm`][filterax.nn.BatchNorm],
@@ -42,10 +42,11 @@ def inference_mode(model: _T, value: bool = True) -> _T:
 
     **Arguments:**
 
-    - `model`: any pytree.
+    - `pytree`: any pytree (a model), named as in Equinox
+      (`inference_mode(pytree=model)`).
     - `value`: `True` for inference, `False` to go back to training.
 
-    **Returns:** the modified copy (`model` itself is unchanged).
+    **Returns:** the modified copy (`pytree` itself is unchanged).
 
     **Raises:** `TypeError` when `value` is not a bool.
 
@@ -61,7 +62,7 @@ def inference_mode(model: _T, value: bool = True) -> _T:
     """
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"inference_mode: `value` must be a bool, got {value!r}.")
-    return _with_flags(model, bool(value))
+    return _with_flags(pytree, bool(value))
 
 
 def tree_inference(pytree: _T, value: bool) -> _T:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import warnings
 from typing import Any
 
 import jax
@@ -84,10 +85,87 @@ def test_a_numpy_array_in_a_static_field_is_a_read_only_copy() -> None:
         config = Config(jnp.ones(2), table)
     jitted = fx.filter_jit(lambda c: c.weight * c.options.sum())
     assert jitted(config).tolist() == [3.0, 3.0]
-    with pytest.raises(ValueError, match="read-only"):
+    with pytest.raises(ValueError, match="read-only"):  # NumPy's type, kept
         config.options[0] = 10.0
     table[0] = 10.0  # the caller's array: not the Module's
     assert jitted(config).tolist() == [3.0, 3.0]
+
+
+class Table(fx.Module):
+    weight: jax.Array
+    options: Any = fx.field(static=True)
+
+
+def _static_table() -> Table:
+    with warnings.catch_warnings():  # warned once per class field: see above
+        warnings.simplefilter("ignore", fx.StaticArrayWarning)
+        return Table(jnp.ones(2), np.arange(3.0))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda table: table.__setitem__(0, 10.0),
+        lambda table: table[1:].__setitem__(0, 10.0),  # through a view
+        lambda table: table.__iadd__(1.0),
+        lambda table: table.__imul__(2.0),
+        lambda table: np.add(table, 1.0, out=table),
+        lambda table: table.fill(0.0),
+        lambda table: table.sort(),
+        lambda table: table.put([0], [10.0]),
+    ],
+    ids=["setitem", "view", "iadd", "imul", "out", "fill", "sort", "put"],
+)
+def test_a_static_numpy_array_changed_in_place_raises_naming_the_field(
+    change: Any,
+) -> None:
+    config = _static_table()
+    jitted = fx.filter_jit(lambda c: c.weight * c.options.sum())
+    assert jitted(config).tolist() == [3.0, 3.0]
+    with pytest.raises(TypeError, match=r"Table\.options is a read-only NumPy array"):
+        change(config.options)
+    assert config.options.tolist() == [0.0, 1.0, 2.0]
+    assert jitted(config).tolist() == [3.0, 3.0]
+
+
+def test_a_static_numpy_arrays_writeable_flag_cannot_be_set_back() -> None:
+    config = _static_table()
+    with pytest.raises(ValueError, match="WRITEABLE"):
+        config.options.flags.writeable = True
+    assert not config.options.flags.writeable
+
+
+def test_a_static_numpy_array_reads_and_computes_as_a_plain_one() -> None:
+    config = _static_table()
+    table = config.options
+    assert isinstance(table, np.ndarray)
+    assert repr(table) == "array([0., 1., 2.])"
+    doubled = table * 2
+    assert type(doubled) is np.ndarray and doubled.tolist() == [0.0, 2.0, 4.0]
+    mutable = np.array(table)
+    mutable[0] = 5.0  # a copy of its own
+    assert table.copy().flags.writeable and type(table.copy()) is np.ndarray
+    assert jnp.asarray(table).tolist() == [0.0, 1.0, 2.0]
+    assert table[0] == 0.0
+    for copied in (table[[0, 1]], table[table > 0], table.astype(int), table.flatten()):
+        assert type(copied) is np.ndarray and copied.flags.writeable
+    for view in (table[1:], table.T, table.reshape(3, 1)):  # the same data
+        with pytest.raises(TypeError, match=r"Table\.options"):
+            view[0] = 1.0
+
+
+def test_a_static_numpy_array_survives_pickling_copies_and_unflattening() -> None:
+    config = _static_table()
+    for copied in (
+        pickle.loads(pickle.dumps(config)),
+        copy.deepcopy(config),
+        jax.tree_util.tree_map(lambda x: x, config),
+    ):
+        assert copied.options.tolist() == [0.0, 1.0, 2.0]
+        with pytest.raises(TypeError, match=r"Table\.options"):
+            copied.options[0] = 1.0
+    # Unflattening keeps the same frozen array: nothing is copied again.
+    assert jax.tree_util.tree_map(lambda x: x, config).options is config.options
 
 
 def test_frozen_values_read_as_the_originals() -> None:
