@@ -196,7 +196,8 @@ class PmapLowered:
         signature: list[tuple[tuple[int, ...], Any]],
         example: tuple[tuple, dict],
     ):
-        self._lowered = lowered
+        #: JAX's own `jax.stages.Lowered` (public, as in Equinox).
+        self.lowered = lowered
         self._wrapper = wrapper
         self._axes = axes
         self._static = static
@@ -225,7 +226,7 @@ class PmapLowered:
 
         ```
         """
-        compiled = self._lowered.compile(compiler_options)
+        compiled = self.lowered.compile(compiler_options)
         return PmapCompiled(compiled, self)
 
     def bound_to(self, first: Any) -> PmapLowered:
@@ -236,7 +237,11 @@ class PmapLowered:
         return bound
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._lowered, name)
+        # Only reached for names the instance lacks; a copy that is not yet
+        # filled in (`copy.copy`) must not look for `lowered` in itself.
+        if name in ("lowered", "_wrapper"):
+            raise AttributeError(name)
+        return getattr(self.lowered, name)
 
 
 class PmapCompiled:
@@ -245,7 +250,8 @@ class PmapCompiled:
     same shapes and dtypes."""
 
     def __init__(self, compiled: Any, lowered: PmapLowered):
-        self._compiled = compiled
+        #: JAX's own `jax.stages.Compiled` (public, as in Equinox).
+        self.compiled = compiled
         self._lowered = lowered
 
     @traceback_boundary
@@ -271,11 +277,13 @@ class PmapCompiled:
                 "lower it again."
             )
         with donation_warning_ignored(wrapper.donate == "all"):
-            mapped, unmapped, info = self._compiled(dynamic)
+            mapped, unmapped, info = self.compiled(dynamic)
         return info.rebuild(mapped, unmapped, _WHO, lambda: dynamic)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._compiled, name)
+        if name in ("compiled", "_lowered"):
+            raise AttributeError(name)
+        return getattr(self.compiled, name)
 
 
 @overload

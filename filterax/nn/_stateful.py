@@ -223,17 +223,17 @@ class State:
             )
         return values, index.marker
 
-    def get(self, index: StateIndex[_Value]) -> _Value:
-        """The current value of `index`.
+    def get(self, item: StateIndex[_Value]) -> _Value:
+        """The current value of the index `item`.
 
         **Arguments:**
 
-        - `index`: a [`StateIndex`][filterax.nn.StateIndex] of the model this
-          state belongs to.
+        - `item`: a [`StateIndex`][filterax.nn.StateIndex] of the model this
+          state belongs to (Equinox's name for the parameter).
 
         **Returns:** its value (an array or pytree of arrays).
 
-        **Raises:** `TypeError` when `index` is not a `StateIndex`;
+        **Raises:** `TypeError` when `item` is not a `StateIndex`;
         `ValueError` when it is not part of this state, or this state was
         superseded by `set`/`update`.
 
@@ -246,17 +246,17 @@ class State:
 
         ```
         """
-        values, marker = self._lookup(index, "get")
+        values, marker = self._lookup(item, "get")
         return values[marker]
 
-    def set(self, index: StateIndex[_Value], value: _Value) -> State:
-        """A new state in which `index` holds `value`.
+    def set(self, item: StateIndex[_Value], value: _Value) -> State:
+        """A new state in which the index `item` holds `value`.
 
         This state is marked as used and can no longer be read.
 
         **Arguments:**
 
-        - `index`: a [`StateIndex`][filterax.nn.StateIndex] of this state.
+        - `item`: a [`StateIndex`][filterax.nn.StateIndex] of this state.
         - `value`: the new value; it must have the structure, shapes and
           dtypes of the current one.
 
@@ -284,7 +284,7 @@ class State:
 
         ```
         """
-        values, marker = self._lookup(index, "set")
+        values, marker = self._lookup(item, "set")
         old = values[marker]
         value = jtu.tree_map(jnp.asarray, value)
         old_leaves, old_structure = jtu.tree_flatten(old)

@@ -62,8 +62,6 @@ ACCEPTED: dict[tuple[str, str], str] = {
         )
         for layer in ("GroupNorm", "LayerNorm", "RMSNorm", "Sequential")
     },
-    ("State.get", "index"): "Equinox names it `item`",
-    ("State.set", "index"): "Equinox names it `item`",
 }
 
 # Names and methods Equinox has that filterax's namesake does not.
