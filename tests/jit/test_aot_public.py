@@ -63,3 +63,12 @@ def test_a_shallow_copy_still_reads_its_attributes():
     assert copied.lowered is lowered.lowered
     compiled = copy.copy(lowered.compile())
     assert compiled(jnp.eye(2), jnp.ones(2)).tolist() == [1.0, 1.0]
+
+
+def test_filter_pmap_exposes_the_same_public_attributes():
+    lowered = fx.filter_pmap(lambda x: 2 * x).lower(jnp.ones((1, 3)))
+    assert isinstance(lowered.lowered, jax.stages.Lowered)
+    compiled = lowered.compile()
+    assert isinstance(compiled.compiled, jax.stages.Compiled)
+    assert compiled(jnp.ones((1, 3))).tolist() == [[2.0, 2.0, 2.0]]
+    assert copy.copy(compiled).compiled is compiled.compiled
