@@ -21,6 +21,19 @@ goes on, as the model starts to learn the text by heart.
 
     python examples/transformer.py            # full run, 500 steps
     python examples/transformer.py --small    # 40 steps of a smaller model (CI)
+    python examples/transformer.py --precision bf16   # also in bfloat16
+    python examples/transformer.py --precision f16    # also in float16
+
+Mixed precision (`--precision`) is a wrapper, not a change to the model: the
+parameters stay float32, `filterax.mixed_precision` casts them and the inputs
+to bfloat16 or float16 for the forward and backward passes, and the logits come
+back in float32 for the loss (the `LayerNorm`s compute their statistics in
+float32 whatever they are given). The gradients come back float32, so the
+optimiser is unchanged. float16 overflows above 65504, so its run scales the
+loss with a `DynamicLossScale` and skips (leaves the model and optimiser state
+as they were) any step whose gradients were not finite. With `--precision`
+the model is trained twice from the same start, in float32 and in the chosen
+precision, and the two runs' loss curves are plotted side by side.
 
 The blocks are an `nn.Stacked`: they are built once under `filter_vmap` and
 applied by a scan, so the training step is traced and compiled for one block
@@ -40,6 +53,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +66,19 @@ from filterax import nn
 TEXT_PATH = Path(__file__).resolve().parent / "data" / "tiny_text.txt"
 BATCH_SIZE = 32
 DROPOUT = 0.2
+
+
+PRECISIONS = {
+    "f32": fx.Precision(compute=jnp.float32),
+    "bf16": fx.Precision(compute=jnp.bfloat16),
+    "f16": fx.Precision(compute=jnp.float16),
+}
+
+
+def loss_scale_for(precision: str) -> fx.NoOpLossScale | fx.DynamicLossScale:
+    """float16 needs its loss scaled (its gradients underflow and overflow);
+    float32 and bfloat16 share float32's exponent range and need none."""
+    return fx.DynamicLossScale() if precision == "f16" else fx.NoOpLossScale()
 
 
 class Block(fx.Module):
@@ -136,11 +163,17 @@ class CharTransformer(fx.Module):
 
 
 def loss_fn(
-    model: CharTransformer, inputs: jax.Array, targets: jax.Array, streams: fx.RngStream
+    model: CharTransformer,
+    inputs: jax.Array,
+    targets: jax.Array,
+    streams: fx.RngStream,
+    policy: fx.Precision,
 ) -> jax.Array:
-    # `streams` holds one stream per sequence of the batch: `filter_vmap`
-    # hands each sequence its own.
-    logits = fx.filter_vmap(lambda x, s: model(x, key=s))(inputs, streams)
+    # The model computes in `policy.compute` and returns float32 logits; the
+    # loss is taken in float32. `streams` holds one stream per sequence of the
+    # batch: `filter_vmap` hands each sequence its own.
+    forward = fx.mixed_precision(model, policy)
+    logits = fx.filter_vmap(lambda x, s: forward(x, key=s))(inputs, streams)
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
@@ -164,28 +197,54 @@ def train_step(
     key: jax.Array,
     stream: fx.RngStream,
     context: int,
-) -> tuple[CharTransformer, optax.OptState, jax.Array]:
-    # `context` is a Python int: static, part of the compiled function's key.
-    # The stream's counter is a Ref: traced, and advanced in place.
+    policy: fx.Precision,
+    loss_scale: fx.NoOpLossScale | fx.DynamicLossScale,
+) -> tuple[
+    CharTransformer,
+    optax.OptState,
+    fx.NoOpLossScale | fx.DynamicLossScale,
+    jax.Array,
+    jax.Array,
+]:
+    # `context` and `policy` are static, part of the compiled function's key.
+    # The stream's counter is a Ref: traced, and advanced in place. The loss
+    # scale's scale and counter are arrays: a new scale never recompiles.
     inputs, targets = random_windows(key, data, context)
     # `split` draws one key from `stream` and makes a batch of streams. It is
     # called outside the differentiated function: JAX 0.10.2 cannot
     # differentiate a scan (the stacked blocks) that writes a Ref made inside
     # the function being differentiated.
     streams = stream.split(BATCH_SIZE)
-    loss, grads = fx.filter_value_and_grad(loss_fn)(model, inputs, targets, streams)
-    updates, opt_state = optimiser.update(grads, opt_state, fx.trainable(model))
-    model = fx.apply_updates(model, updates)
-    return model, opt_state, loss
+
+    def scaled_loss(model: CharTransformer) -> tuple[jax.Array, jax.Array]:
+        loss = loss_fn(model, inputs, targets, streams, policy)
+        return loss_scale.scale(loss), loss
+
+    (_, loss), grads = fx.filter_value_and_grad(scaled_loss, has_aux=True)(model)
+    grads = loss_scale.unscale(grads)
+    finite = fx.all_finite(grads)
+    updates, new_opt_state = optimiser.update(grads, opt_state, fx.trainable(model))
+    new_model = fx.apply_updates(model, updates)
+    # A step whose gradients overflowed leaves the model and the optimiser
+    # state as they were (with float32 and bfloat16 that never happens).
+    model, opt_state = fx.select_tree(
+        finite, (new_model, new_opt_state), (model, opt_state)
+    )
+    return model, opt_state, loss_scale.adjust(finite), loss, finite
 
 
 @fx.filter_jit
 def evaluate(
-    model: CharTransformer, data: jax.Array, key: jax.Array, context: int
+    model: CharTransformer,
+    data: jax.Array,
+    key: jax.Array,
+    context: int,
+    policy: fx.Precision,
 ) -> jax.Array:
-    """The loss on random windows of `data`, without dropout."""
+    """The loss on random windows of `data`, without dropout, computed in the
+    policy's precision."""
     inputs, targets = random_windows(key, data, context)
-    logits = jax.vmap(nn.inference_mode(model))(inputs)
+    logits = jax.vmap(fx.mixed_precision(nn.inference_mode(model), policy))(inputs)
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
@@ -218,58 +277,32 @@ def sample(
     return tokens
 
 
-def plot_losses(
-    losses: list[float], eval_steps: list[int], validation: list[float], path: str
-) -> None:
-    import matplotlib
+class Run(NamedTuple):
+    """What one training run gives: the trained model and its loss curves."""
 
-    matplotlib.use("Agg")  # write a file; never open a window
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(5, 3.5))
-    axes.plot(losses, label="training (with dropout)", alpha=0.7)
-    axes.plot(eval_steps, validation, marker="o", label="validation")
-    axes.set_xlabel("step")
-    axes.set_ylabel("cross-entropy (nats per character)")
-    axes.set_title("transformer.py")
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    precision: str
+    model: CharTransformer
+    losses: list[float]
+    eval_steps: list[int]
+    validation: list[float]
+    skipped: int  # steps whose gradients overflowed (float16 only)
+    seconds: float
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--small", action="store_true", help="a quick run for CI")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="transformer.png", help="the plot's path")
-    args = parser.parse_args(argv)
-    steps = args.steps or (40 if args.small else 500)
-    # The blocks are an `nn.Stacked`: compile time does not grow with their
-    # number, only the step time does.
-    num_blocks, size, context = (2, 32, 32) if args.small else (2, 64, 64)
-
-    text = TEXT_PATH.read_text(encoding="utf-8")
-    characters = sorted(set(text))
-    index_of = {c: i for i, c in enumerate(characters)}
-    encoded = jnp.array([index_of[c] for c in text], dtype=jnp.int32)
-    split = int(0.9 * len(encoded))
-    train_data, validation_data = encoded[:split], encoded[split:]
-    print(
-        f"{len(text)} characters ({len(characters)} distinct): "
-        f"{len(train_data)} for training, {len(validation_data)} for validation"
-    )
-
-    keys = jax.random.split(jax.random.key(args.seed), 4)
-    model_key, data_key, stream_key, eval_key = keys
-    model = CharTransformer(
-        len(characters), size, num_blocks, num_heads=4, dropout=DROPOUT, key=model_key
-    )
+def train(
+    precision: str,
+    model: CharTransformer,
+    data: tuple[jax.Array, jax.Array],
+    steps: int,
+    context: int,
+    seed: int,
+) -> Run:
+    """Trains `model` for `steps` steps in `precision` (a key of `PRECISIONS`),
+    printing the losses; every run of one seed sees the same batches."""
+    train_data, validation_data = data
+    _, data_key, stream_key, eval_key = jax.random.split(jax.random.key(seed), 4)
     stream = fx.RngStream(stream_key)
-    n_parameters = sum(leaf.size for leaf in jax.tree.leaves(fx.trainable(model)))
-    print(f"a {num_blocks}-block transformer with {n_parameters} parameters")
-
+    policy, loss_scale = PRECISIONS[precision], loss_scale_for(precision)
     schedule = optax.warmup_cosine_decay_schedule(0.0, 3e-3, steps // 10, steps)
     optimiser = optax.chain(
         optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=1e-2)
@@ -279,51 +312,160 @@ def main(argv: list[str] | None = None) -> int:
     losses: list[float] = []
     eval_steps: list[int] = []
     validation: list[float] = []
+    skipped = 0
     start = time.perf_counter()
     for step in range(steps):
         data_key, step_key = jax.random.split(data_key)
-        model, opt_state, loss = train_step(
-            model, opt_state, optimiser, train_data, step_key, stream, context
+        model, opt_state, loss_scale, loss, finite = train_step(
+            model,
+            opt_state,
+            optimiser,
+            train_data,
+            step_key,
+            stream,
+            context,
+            policy,
+            loss_scale,
         )
         losses.append(float(loss))
+        skipped += not bool(finite)
         if step == 0:
             print(f"compiled the training step in {time.perf_counter() - start:.1f}s")
         if step % max(1, steps // 10) == 0 or step == steps - 1:
             validation.append(
-                float(evaluate(model, validation_data, eval_key, context))
+                float(evaluate(model, validation_data, eval_key, context, policy))
             )
             eval_steps.append(step)
             print(
-                f"step {step:5d}  training loss {losses[-1]:.3f}  "
+                f"[{precision}] step {step:5d}  training loss {losses[-1]:.3f}  "
                 f"validation loss {validation[-1]:.3f}"
             )
-    elapsed = time.perf_counter() - start
+    seconds = time.perf_counter() - start
     print(
-        f"{steps} steps in {elapsed:.2f}s; the stream drew {int(stream.count[...])} keys"
+        f"[{precision}] {steps} steps in {seconds:.2f}s; the stream drew "
+        f"{int(stream.count[...])} keys; {skipped} step(s) skipped; final loss "
+        f"scale {float(loss_scale.loss_scale):g}"
+    )
+    return Run(precision, model, losses, eval_steps, validation, skipped, seconds)
+
+
+def plot_losses(runs: list[Run], path: str) -> None:
+    """One panel per run, side by side on one scale: float32's first."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # write a file; never open a window
+    import matplotlib.pyplot as plt
+
+    figure, panels = plt.subplots(
+        1, len(runs), figsize=(5 * len(runs), 3.5), sharey=True, squeeze=False
+    )
+    for axes, run in zip(panels[0], runs):
+        axes.plot(run.losses, label="training (with dropout)", alpha=0.7)
+        axes.plot(run.eval_steps, run.validation, marker="o", label="validation")
+        axes.set_xlabel("step")
+        axes.set_title(f"transformer.py, {run.precision}")
+        axes.legend()
+    panels[0][0].set_ylabel("cross-entropy (nats per character)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def sizes(small: bool) -> tuple[int, int, int]:
+    """`(num_blocks, size, context)`. The blocks are an `nn.Stacked`: compile
+    time does not grow with their number, only the step time does."""
+    return (2, 32, 32) if small else (2, 64, 64)
+
+
+def load_text() -> tuple[list[str], jax.Array, jax.Array]:
+    """The distinct characters, and the encoded text split 9:1 into training
+    and validation data."""
+    text = TEXT_PATH.read_text(encoding="utf-8")
+    characters = sorted(set(text))
+    index_of = {c: i for i, c in enumerate(characters)}
+    encoded = jnp.array([index_of[c] for c in text], dtype=jnp.int32)
+    split = int(0.9 * len(encoded))
+    return characters, encoded[:split], encoded[split:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="a quick run for CI")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="transformer.png", help="the plot's path")
+    parser.add_argument(
+        "--precision",
+        choices=sorted(PRECISIONS),
+        default="f32",
+        help="also train in this precision (bf16, f16) and plot it beside f32",
+    )
+    args = parser.parse_args(argv)
+    steps = args.steps or (40 if args.small else 500)
+    num_blocks, size, context = sizes(args.small)
+
+    characters, train_data, validation_data = load_text()
+    index_of = {c: i for i, c in enumerate(characters)}
+    print(
+        f"{len(train_data) + len(validation_data)} characters ({len(characters)} "
+        f"distinct): {len(train_data)} for training, {len(validation_data)} for "
+        "validation"
     )
 
-    plot_losses(losses, eval_steps, validation, args.out)
+    model = CharTransformer(
+        len(characters),
+        size,
+        num_blocks,
+        num_heads=4,
+        dropout=DROPOUT,
+        key=jax.random.split(jax.random.key(args.seed), 4)[0],
+    )
+    n_parameters = sum(leaf.size for leaf in jax.tree.leaves(fx.trainable(model)))
+    print(f"a {num_blocks}-block transformer with {n_parameters} parameters")
+
+    precisions = ["f32"] if args.precision == "f32" else ["f32", args.precision]
+    data = (train_data, validation_data)
+    runs = [train(p, model, data, steps, context, args.seed) for p in precisions]
+    plot_losses(runs, args.out)
     print(f"loss curves written to {args.out}")
 
-    print("samples (temperature 0.8):")
+    trained = runs[-1].model
+    print(f"samples from the {runs[-1].precision} run (temperature 0.8):")
     for i, prompt in enumerate(["Shall I ", "When in "]):
         tokens = sample(
-            model, [index_of[c] for c in prompt], 100 if args.small else 300, context, i
+            trained,
+            [index_of[c] for c in prompt],
+            100 if args.small else 300,
+            context,
+            i,
         )
         print("---")
         print("".join(characters[t] for t in tokens))
     print("---")
 
-    window = max(1, min(10, steps // 10))
-    first = sum(losses[:window]) / window
-    last = sum(losses[-window:]) / window
     uniform = math.log(len(characters))
     print(f"(a uniform guess scores {uniform:.3f} nats per character)")
-    if not last < 0.8 * first:
-        print(f"FAILED: loss went from {first:.3f} to {last:.3f}", file=sys.stderr)
-        return 1
-    print(f"OK: training loss fell from {first:.3f} to {last:.3f}")
-    return 0
+    status = 0
+    for run in runs:
+        window = max(1, min(10, steps // 10))
+        first = sum(run.losses[:window]) / window
+        last = sum(run.losses[-window:]) / window
+        if not last < 0.8 * first:
+            print(
+                f"FAILED [{run.precision}]: loss went from {first:.3f} to {last:.3f}",
+                file=sys.stderr,
+            )
+            status = 1
+        else:
+            print(
+                f"OK [{run.precision}]: training loss fell from {first:.3f} to {last:.3f}"
+            )
+    if len(runs) > 1:
+        print(
+            f"final validation loss: {runs[0].validation[-1]:.3f} (f32), "
+            f"{runs[1].validation[-1]:.3f} ({runs[1].precision})"
+        )
+    return status
 
 
 if __name__ == "__main__":

@@ -105,6 +105,18 @@ from ._control import (
     filter_while_loop as filter_while_loop,
 )
 
+# --- mixed precision (_precision/) ---
+from ._precision import (
+    DynamicLossScale as DynamicLossScale,
+    NoOpLossScale as NoOpLossScale,
+    Precision as Precision,
+    StaticLossScale as StaticLossScale,
+    all_finite as all_finite,
+    cast as cast,
+    mixed_precision as mixed_precision,
+    select_tree as select_tree,
+)
+
 # --- runtime errors (_errors/) ---
 from ._errors import (
     EquinoxRuntimeError as EquinoxRuntimeError,

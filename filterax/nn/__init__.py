@@ -13,7 +13,8 @@ May import: the core's public names from `_module`, `_filters`, `_tree`,
 texts (for `Stacked`), and `_compat`'s
 `same_structure` (treedefs compared with their node classes), `_warnings`
 (deprecations, warnings attributed to the caller), `_sharding`'s helpers
-for the layers' default logical axes and `axes=` overrides, `_treescope`
+for the layers' default logical axes and `axes=` overrides, `_precision`'s
+registry of buffers never cast, `_treescope`
 (the display hooks); `jax`, `jaxtyping`.
 Helpers shared by several layers live in `_shared_helpers.py`; layers import
 those from there, and each other only for public classes.

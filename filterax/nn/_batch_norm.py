@@ -13,7 +13,7 @@ from .._module import field
 from .._sharding import axes_overrides_field, declared_axes, layer_axes
 from .._warnings import FilteraxWarning, warn_at_caller
 from ._sequential import StatefulLayer
-from ._shared_helpers import default_floating_dtype
+from ._shared_helpers import default_floating_dtype, statistics_dtype
 from ._stateful import State, StateIndex
 
 __all__ = ["BatchNorm"]
@@ -42,7 +42,10 @@ class BatchNorm(StatefulLayer):
       training step).
 
     The output is `(x - mean) / sqrt(var + eps)`, then `* weight + bias` when
-    `channelwise_affine`.
+    `channelwise_affine`. The statistics and the normalisation are computed in
+    at least float32 whatever `x`'s dtype (bfloat16 and float16 inputs are
+    upcast), the running statistics are stored in their own dtype, and the
+    output has `x`'s dtype.
 
     **Arguments:**
 
@@ -57,9 +60,9 @@ class BatchNorm(StatefulLayer):
       [`inference_mode`][filterax.nn.inference_mode]).
     - `dtype`: the dtype of the parameters and running statistics. Defaults to
       `float32`, or `float64` when `jax_enable_x64` is on.
-    - `mode`: `"ema"` or `"batch"`, as above. When left out (or `"legacy"`,
-      Equinox's default value) it is `"ema"`, and a warning recommends
-      choosing (`"batch"` for new code).
+    - `mode`: `"ema"` or `"batch"`, as above. The default, `"legacy"` (as in
+      Equinox's signature), means `"ema"`, with a warning that recommends
+      choosing (`"batch"` for new code); `None` means the same.
     - `axes`: logical axes replacing the defaults for this layer, by field name
       (keyword only). `weight`, `bias` and the running statistics
       (`ema_state_index`, `batch_state_index`: their arrays, in the model's
@@ -112,12 +115,12 @@ class BatchNorm(StatefulLayer):
         momentum: float = 0.99,
         inference: bool = False,
         dtype: Any = None,
-        mode: Literal["ema", "batch", "legacy"] | None = None,
+        mode: Literal["ema", "batch", "legacy"] | None = "legacy",
         *,
         axes: dict[str, tuple[str | None, ...]] | None = None,
     ):
         self.axes = layer_axes("BatchNorm", axes, declared_axes(type(self)))
-        if mode is None or mode == "legacy":  # Equinox's name for "not given"
+        if mode is None or mode == "legacy":  # Equinox's default: "not chosen"
             warn_at_caller(
                 "BatchNorm(mode=...) was not given, so it is 'ema' (the historical "
                 "default). 'batch' normalises with the statistics of the batch "
@@ -220,35 +223,45 @@ class BatchNorm(StatefulLayer):
             )
         if inference is None:
             inference = self.inference
+        # Statistics in at least float32: a float16 variance overflows and a
+        # bfloat16 mean loses the small differences normalisation is about.
+        # (For float32 inputs both casts are no-ops.)
+        x_dtype = jnp.result_type(x)
+        x = jnp.asarray(x, statistics_dtype(x_dtype))
         if self.mode == "ema":
             mean, var, state = self._ema(x, state, inference)
         else:
             mean, var, state = self._batch(x, state, inference)
-        return jax.vmap(self._normalise)(x, mean, var, self.weight, self.bias), state
+        out = jax.vmap(self._normalise)(x, mean, var, self.weight, self.bias)
+        return out.astype(x_dtype), state
 
     def _ema(self, x: Array, state: State, inference: bool) -> tuple[Any, Any, State]:
         assert self.ema_first_time_index is not None
         assert self.ema_state_index is not None
+        stored_mean, stored_var = state.get(self.ema_state_index)
+        running_mean, running_var = _in_dtype_of(x, stored_mean, stored_var)
         if inference:
-            mean, var = state.get(self.ema_state_index)
-            return mean, var, state
+            return running_mean, running_var, state
         first_time = state.get(self.ema_first_time_index)
         state = state.set(self.ema_first_time_index, jnp.array(False))
         batch_mean, batch_var = self._batch_statistics(x)
-        running_mean, running_var = state.get(self.ema_state_index)
         m = self.momentum
         mean = jnp.where(
             first_time, batch_mean, (1 - m) * batch_mean + m * running_mean
         )
         var = jnp.where(first_time, batch_var, (1 - m) * batch_var + m * running_var)
-        state = state.set(self.ema_state_index, (mean, var))
+        state = state.set(
+            self.ema_state_index,
+            (mean.astype(stored_mean.dtype), var.astype(stored_var.dtype)),
+        )
         return mean, var, state
 
     def _batch(self, x: Array, state: State, inference: bool) -> tuple[Any, Any, State]:
         assert self.batch_counter is not None
         assert self.batch_state_index is not None
         steps = state.get(self.batch_counter)
-        running_mean, running_var = state.get(self.batch_state_index)
+        stored_mean, stored_var = state.get(self.batch_state_index)
+        running_mean, running_var = _in_dtype_of(x, stored_mean, stored_var)
         m = self.momentum
         if inference:
             # The running averages started from (0, 1); dividing by the total
@@ -257,9 +270,11 @@ class BatchNorm(StatefulLayer):
             return running_mean / total, running_var / total, state
         mean, var = self._batch_statistics(x)
         state = state.set(self.batch_counter, steps + 1)
+        new_mean = m * running_mean + (1 - m) * mean
+        new_var = m * running_var + (1 - m) * var
         state = state.set(
             self.batch_state_index,
-            (m * running_mean + (1 - m) * mean, m * running_var + (1 - m) * var),
+            (new_mean.astype(stored_mean.dtype), new_var.astype(stored_var.dtype)),
         )
         return mean, var, state
 
@@ -268,8 +283,14 @@ class BatchNorm(StatefulLayer):
     ) -> Array:
         out = (channel - mean) / jnp.sqrt(var + self.eps)
         if self.channelwise_affine:
-            out = out * weight + bias
+            out = out * weight.astype(out.dtype) + bias.astype(out.dtype)
         return out
+
+
+def _in_dtype_of(x: Array, *arrays: Array) -> tuple[Array, ...]:
+    """`arrays` (running statistics, stored in the parameters' dtype) cast to
+    `x`'s dtype, the statistics dtype: no-ops when they already agree."""
+    return tuple(jnp.asarray(a, x.dtype) for a in arrays)
 
 
 def _batch_mean(value: Array, axis_name: Any) -> Array:

@@ -24,6 +24,7 @@ from typing_extensions import ParamSpec
 
 from .._compat import same_structure
 from .._module import Module, field
+from .._precision import register_buffer_type
 from .._pretty import tree_pformat
 from .._sharding import register_state_types
 from .._tree import tree_at
@@ -424,6 +425,8 @@ def _unflatten(markers: tuple[object, ...], children: Any) -> State:
 jtu.register_pytree_with_keys(State, _flatten_with_keys, _unflatten, _flatten)
 # `logical_axes` gives a State's values the names declared for their index.
 register_state_types(StateIndex, State)
+# Running statistics keep their dtype under `mixed_precision`.
+register_buffer_type(State)
 
 
 def _without_init(node: Any) -> Any:

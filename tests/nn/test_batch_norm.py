@@ -244,6 +244,30 @@ def test_mode():
         assert fx.nn.BatchNorm(3, "batch", mode="legacy").mode == "ema"
 
 
+def test_mode_none_means_legacy_too():
+    # The default itself is checked against Equinox's signature in
+    # test_equinox_signatures.py.
+    with pytest.warns(fx.FilteraxWarning, match="mode"):
+        assert fx.nn.BatchNorm(3, "batch", mode=None).mode == "ema"
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_statistics_are_float32_for_half_precision_inputs(dtype):
+    # Values near 300: the squares of the deviations (about 1e4 to 1e5) pass
+    # float16's largest value when summed, and bfloat16 cannot hold the
+    # deviations themselves; the statistics are float32, so neither matters.
+    bn, state = fx.nn.make_with_state(fx.nn.BatchNorm)(
+        3, "batch", mode="batch", dtype=jnp.float32
+    )
+    x32 = 300.0 + 100.0 * jnp.asarray(_batches()[0])
+    y, state = _run(bn, state, x32.astype(dtype))
+    assert y.dtype == dtype
+    assert {a.dtype for a in state.get(bn.batch_state_index)} == {jnp.dtype("float32")}
+    exact = x32.astype(dtype).astype(jnp.float32)
+    reference = _normalise(exact, *_statistics(exact))
+    np.testing.assert_allclose(y.astype(jnp.float32), reference, rtol=0.02, atol=0.02)
+
+
 def test_fields_and_state_are_equinox_s():
     assert [f.name for f in dataclasses.fields(fx.nn.BatchNorm)] == [
         "weight",
