@@ -8,7 +8,10 @@ columns, the second's by rows, Megatron style) and a batch split over
 keyed route), its optimiser state built by `filter_jit(optimiser.init,
 in_shardings=...)`, the step `filter_value_and_grad` plus optax; the `jax.jit`
 side is the same step written on a dict of the same arrays, with its
-optimiser state placed by hand (`count` replicated on the mesh).
+optimiser state placed by hand (`count` replicated on the mesh). A third side,
+`plain`, is the filterax step with no shardings given at all: a plain
+`filter_jit`, its optimiser state from `filter_jit(optimiser.init)(params)`,
+relying on `filter_jit` laying out each output like the argument it updates.
 
 Printed: the time per step of each (the minimum over interleaved rounds, so
 that drifts in machine load hit both alike), their ratio, and the backend
@@ -125,6 +128,20 @@ def main() -> None:
         )
         return fx.apply_updates(model, updates), opt_state, value
 
+    # --- filterax without shardings: the arguments' layout is followed ---
+    plain_state = fx.filter_jit(optimiser.init)(params)
+
+    @fx.filter_jit
+    def plain_step(model: MLP, opt_state: Any, x: jax.Array, y: jax.Array) -> Any:
+        def loss(model: MLP) -> jax.Array:
+            return jnp.mean((model(x) - y) ** 2)
+
+        value, grads = fx.filter_value_and_grad(loss)(model)
+        updates, opt_state = optimiser.update(
+            grads, opt_state, fx.filter(model, fx.is_array)
+        )
+        return fx.apply_updates(model, updates), opt_state, value
+
     # --- jax.jit, on a dict of the same arrays ---
     flat_shardings = {
         "w1": shardings.first.weight,
@@ -163,6 +180,7 @@ def main() -> None:
 
     sides: dict[str, list[Any]] = {
         "filter_jit": [fx_step, model, opt_state],
+        "plain": [plain_step, model, plain_state],
         "jax.jit": [jax_step, flat, flat_state],
     }
     first_compilations = {}
@@ -176,10 +194,11 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in sides}
     timed_compilations = dict.fromkeys(sides, 0)
     for round_index in range(options.rounds):
-        # Alternating which side goes first, so that neither always runs
-        # right after the other's work.
+        # Rotating which side goes first, so that none always runs right
+        # after another's work.
         order = list(sides.items())
-        for name, side in order if round_index % 2 else order[::-1]:
+        shift = round_index % len(order)
+        for name, side in order[shift:] + order[:shift]:
             before = _COMPILATIONS[0]
             start = time.perf_counter()
             for _ in range(options.steps):
@@ -198,10 +217,11 @@ def main() -> None:
             f"{first_compilations[name]} over the first 3 steps, "
             f"{timed_compilations[name]} over {options.rounds * options.steps} more"
         )
-    ratio = min(times["filter_jit"]) / min(times["jax.jit"])
-    print(
-        f"  ratio filter_jit / jax.jit (min over {options.rounds} rounds): {ratio:.3f}x"
-    )
+    for name in ("filter_jit", "plain"):
+        ratio = min(times[name]) / min(times["jax.jit"])
+        print(
+            f"  ratio {name} / jax.jit (min over {options.rounds} rounds): {ratio:.3f}x"
+        )
 
 
 if __name__ == "__main__":

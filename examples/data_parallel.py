@@ -1,11 +1,14 @@
 """Data-parallel training over 8 (simulated) devices.
 
 The batch is split across a one-dimensional device mesh along its leading
-axis, while the model and the optimiser state are replicated on every device.
-`filterax.filter_shard` places (outside `filter_jit`) or constrains (inside
-it) the array leaves of any pytree, Modules included; the non-array leaves,
-like the activation function here, are left alone. XLA inserts the
-cross-device reduction of the gradients itself.
+axis, while the model and the optimiser state are replicated on every device:
+built together by `sharded_init` with no rules, which replicates every array.
+`filterax.filter_shard` places the batch (it places, outside `filter_jit`, or
+constrains, inside it, the array leaves of any pytree, Modules included; the
+non-array leaves, like the activation function here, are left alone). The
+training step is an ordinary `filter_jit` function, whose outputs keep the
+layout of its inputs; XLA inserts the cross-device reduction of the gradients
+itself.
 
 To check the result, every step is also run on a single device, and the two
 losses must agree to floating-point rounding.
@@ -79,19 +82,17 @@ def step(model, opt_state, x, y):
     return fx.apply_updates(model, updates), opt_state, loss
 
 
-@fx.filter_jit
-def sharded_step(model, opt_state, x, y, replicated, batch_sharded):
-    # The shardings are hashable non-array arguments: static for filter_jit.
-    # Constraining inside the function tells the compiler the intended layout
-    # of the inputs and, importantly, of the outputs.
-    x, y = fx.filter_shard((x, y), batch_sharded)
-    model, opt_state = fx.filter_shard((model, opt_state), replicated)
-    model, opt_state, loss = step(model, opt_state, x, y)
-    model, opt_state = fx.filter_shard((model, opt_state), replicated)
-    return model, opt_state, loss
+def make_train_state(key: jax.Array) -> tuple[MLP, optax.OptState]:
+    """The model and its optimiser state, built together (the one recipe of
+    the sharded examples and docs)."""
+    model = MLP([16, 128, 128, 1], key=key)
+    return model, OPTIMISER.init(fx.filter(model, fx.is_inexact_array))
 
 
-single_device_step = fx.filter_jit(step)
+# One compiled step for both runs: arguments on the mesh give outputs on the
+# mesh (each laid out like the argument it updates), arguments on one device
+# outputs on that device.
+train_step = fx.filter_jit(step)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,17 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         print("FAILED: expected 8 devices", file=sys.stderr)
         return 1
     mesh = Mesh(np.array(devices[:8]), axis_names=("batch",))
-    replicated = NamedSharding(mesh, PartitionSpec())
     batch_sharded = NamedSharding(mesh, PartitionSpec("batch"))
 
     model_key, data_key, target_key = jax.random.split(jax.random.key(0), 3)
     true_weight = jax.random.normal(target_key, (16, 1)) / 4
-    model = MLP([16, 128, 128, 1], key=model_key)
-    opt_state = OPTIMISER.init(fx.filter(model, fx.is_inexact_array))
-
-    # The same model and optimiser state, left on one device, to compare with.
-    single = (model, opt_state)
-    model, opt_state = fx.filter_shard((model, opt_state), replicated)
+    # Built on the mesh: with no rules, every array is replicated.
+    model, opt_state = fx.sharded_init(make_train_state, mesh, {})(model_key)
+    # The same model and optimiser state, on one device, to compare with.
+    single = make_train_state(model_key)
 
     worst = 0.0
     for i in range(steps):
@@ -126,10 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         y = jnp.tanh(x @ true_weight)
 
         x_sharded, y_sharded = fx.filter_shard((x, y), batch_sharded)
-        model, opt_state, loss = sharded_step(
-            model, opt_state, x_sharded, y_sharded, replicated, batch_sharded
-        )
-        single_model, single_opt, single_loss = single_device_step(*single, x, y)
+        model, opt_state, loss = train_step(model, opt_state, x_sharded, y_sharded)
+        single_model, single_opt, single_loss = train_step(*single, x, y)
         single = (single_model, single_opt)
 
         difference = abs(float(loss) - float(single_loss)) / abs(float(single_loss))
@@ -142,11 +138,19 @@ def main(argv: list[str] | None = None) -> int:
 
     weight = model.layers[0].weight
     print(f"first-layer weight sharding: {weight.sharding.spec} (replicated)")
+    count = opt_state[0].count
+    print(f"optimiser step counter on {len(count.sharding.device_set)} devices")
     print(f"batch sharding: {x_sharded.sharding.spec}, shards of {batch_size // 8}")
     print(f"largest relative loss difference: {worst:.2e}")
     params_close = fx.tree_equal(model, single[0], rtol=1e-4, atol=1e-5)
     print(f"parameters match single-device run: {params_close}")
-    if not (worst < 1e-4 and params_close and weight.sharding.is_fully_replicated):
+    laid_out = (
+        weight.sharding.is_fully_replicated
+        and len(weight.sharding.device_set) == 8
+        and count.sharding.is_fully_replicated
+        and len(count.sharding.device_set) == 8
+    )
+    if not (worst < 1e-4 and params_close and laid_out):
         print("FAILED", file=sys.stderr)
         return 1
     print("OK")

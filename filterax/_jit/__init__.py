@@ -18,14 +18,16 @@ by every wrapper of one function; `_outputs.py` what leaves the trace (arrays,
 and everything else in the treedef, input Refs mapped back); `_donate.py`
 buffer donation; `_aot.py` `.lower(...).compile()`; `_layout.py` the
 `in_shardings` and `out_shardings` (applied inside the trace; wrappers given
-them are a subclass, so other calls pay nothing); `_groups.py` the order in
+them are a subclass, so other calls pay nothing), and, for calls without them
+whose arrays lie on an `Auto` mesh, outputs laid out like the arguments they
+update (decided once per trace); `_groups.py` the order in
 which a call's parts reach the inner `jax.jit`s; `_api.py` the public function
 and its wrappers (`FunctionWrapper`s, like every filtered transform's).
 
 May import: `jax`, `_module` (`FunctionWrapper`), `_split`, `_structure`,
-`_filters`, `_caches`, `_compat`, `_errors`, `_transformed`, and `_mapping`
-(`filter_shard`, and the prefix resolution of `_mapping/_axes.py`, for the
-shardings).
+`_filters`, `_caches`, `_compat`, `_errors`, `_transformed`, `_warnings`, and
+`_mapping` (`filter_shard`, the prefix resolution of `_mapping/_axes.py` and
+the sharding checks of `_mapping/_shard.py`, for the shardings).
 """
 
 from ._api import JitWrapper, filter_jit

@@ -30,7 +30,7 @@ from ._donate import (
     silencing_depth,
 )
 from ._keyed import first_argument_leaf_count, key_of_call, raise_if_unhashable
-from ._layout import Layout
+from ._layout import KEYED_CALL, Layout
 from ._outputs import MixedOutput
 
 __all__ = ["JitWrapper", "filter_jit"]
@@ -148,12 +148,17 @@ class JitWrapper(FunctionWrapper):
             raise
         if key is not last:
             compiled.last_call = key
-        if self.donates:
-            n_first = first_argument_leaf_count(key, args) if args else 0
-            groups = compiled.order.keyed(leaves, len(self.fun_dynamic), n_first)
-            out = compiled.keyed(key, *groups)
-        else:
-            out = compiled.keyed(key, leaves)  # the one group (see `_groups`)
+        # Read by the body only when JAX traces (see `_layout.KEYED_CALL`).
+        KEYED_CALL.call = (args, kwargs)
+        try:
+            if self.donates:
+                n_first = first_argument_leaf_count(key, args) if args else 0
+                groups = compiled.order.keyed(leaves, len(self.fun_dynamic), n_first)
+                out = compiled.keyed(key, *groups)
+            else:
+                out = compiled.keyed(key, leaves)  # the one group (see `_groups`)
+        finally:
+            KEYED_CALL.call = None
         if out.__class__ is MixedOutput:
             return out.rebuild(lambda: leaves)
         return out
@@ -207,9 +212,11 @@ class JitWrapper(FunctionWrapper):
                 dynamic,
                 self._arrange,
             )
+            KEYED_CALL.call = (args, kwargs)
             with donation_warning_ignored(self.mode.silences_warning):
                 lowered = self.compiled.keyed.lower(key, *plan.groups(first, rest))
         finally:
+            KEYED_CALL.call = None
             restore_warnings(depth)
         return Lowered(lowered, plan)
 

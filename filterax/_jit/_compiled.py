@@ -27,12 +27,13 @@ from typing import Any
 import jax
 
 from .._caches import register_cache_clearer
+from .._mapping._shard import recording_constraints
 from .._split import StaticPart, clear_leaf_kinds, flatten, split
 from ._direct import check_direct_call
 from ._donate import DonateMode, silence_donation_warnings
 from ._groups import GroupOrder
 from ._keyed import CallKey, unpack_key
-from ._layout import Layout
+from ._layout import KEYED_CALL, Layout, auto_mesh_of, follow_arguments
 from ._memo import clear as clear_memo
 from ._outputs import filter_output
 
@@ -113,23 +114,33 @@ def _new_compiled(
             silence_donation_warnings()
         return fun
 
-    def call(fun: Any, args: tuple, kwargs: dict) -> Any:
-        if layout is None:
+    def call(
+        fun: Any, args: tuple, kwargs: dict, concrete: tuple[tuple, dict] | None
+    ) -> Any:
+        if layout is not None:
+            return layout.call(fun, args, kwargs)
+        mesh = None if concrete is None else auto_mesh_of(concrete)
+        if mesh is None:
             return fun(*args, **kwargs)
-        return layout.call(fun, args, kwargs)
+        # Arrays on an `Auto` mesh: outputs shaped like an argument follow
+        # its layout (see `follow_arguments`).
+        with recording_constraints() as recorded:
+            out = fun(*args, **kwargs)
+        return follow_arguments(out, concrete, mesh, recorded)  # type: ignore[arg-type]
 
     order = GroupOrder(mode)
 
     def keyed(key: Any, *groups: list[Any]) -> Any:
+        concrete = KEYED_CALL.call
         fun_dynamic, dynamic = order.keyed_inside(groups, n_fun)
         args, kwargs = unpack_key(key, dynamic)
-        out = call(resolve(fun_dynamic), args, kwargs)
+        out = call(resolve(fun_dynamic), args, kwargs, concrete)
         return filter_output(out, lambda: [*fun_dynamic, *dynamic])
 
     def direct(*groups: Any) -> Any:
         fun_dynamic, args, kwargs = order.direct_inside(groups)
-        check_direct_call()
-        out = call(resolve(fun_dynamic), args, kwargs)
+        concrete = check_direct_call()
+        out = call(resolve(fun_dynamic), args, kwargs, concrete)
         return filter_output(out, lambda: flatten((fun_dynamic, args, kwargs))[0])
 
     # Named after `fun`, for readable jaxprs, HLO and profiles.

@@ -36,9 +36,10 @@ class RunKeyed(Exception):
     """Raised while tracing a direct call that needs the keyed route."""
 
 
-def check_direct_call() -> None:
+def check_direct_call() -> tuple[tuple, dict] | None:
     """Inside the trace of a direct call: makes sure that the compilation about
-    to be cached keeps `filter_jit`'s semantics.
+    to be cached keeps `filter_jit`'s semantics, and returns the call's
+    concrete `(args, kwargs)` (`None` when JAX traces again within one call).
 
     JAX's cache would let a later call hit it whenever the argument signature
     matches. So every leaf must be dynamic (a Python scalar, a string or a
@@ -54,7 +55,7 @@ def check_direct_call() -> None:
     if call is None:
         # JAX traced the body again within one call (as `jax_debug_nans` does,
         # say): the first trace of that call made the checks.
-        return
+        return None
     leaves, _ = flatten(call)
     if STATIC in leaf_kinds(leaves):
         raise RunKeyed
@@ -63,6 +64,7 @@ def check_direct_call() -> None:
             getattr(leaf, "weak_type", False) or leaf.dtype == np.bool_
         ):
             raise RunKeyed
+    return call
 
 
 class Fallback(enum.Enum):

@@ -25,10 +25,12 @@ feeding them in again does not compile again.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy
 import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
@@ -37,9 +39,10 @@ from jax.sharding import NamedSharding, PartitionSpec, Sharding
 from .._filters import is_array
 from .._mapping import filter_shard
 from .._mapping._axes import flatten_spec_prefix, specs_for_leaves
-from .._structure import argument_path
+from .._mapping._shard import check_leaf_shardings
+from .._structure import argument_path, path_text
 
-__all__ = ["Layout"]
+__all__ = ["KEYED_CALL", "Layout", "follow_arguments"]
 
 
 def is_sharding_spec(spec: Any) -> bool:
@@ -172,6 +175,7 @@ class Layout:
             return call
         leaves, specs, treedef = self._input_specs(call)
         shardings = [_concrete(spec) for spec in specs]
+        _check_inputs(call, leaves, shardings)
         mesh = _mesh_of(shardings)
         placed, targets, where = [], [], []
         for index, (leaf, sharding) in enumerate(zip(leaves, shardings)):
@@ -195,6 +199,7 @@ class Layout:
         """Inside the trace: `fun(*args, **kwargs)` with the inputs and the
         output constrained to their shardings."""
         leaves, in_specs, treedef = self._input_specs((args, kwargs))
+        _check_inputs((args, kwargs), leaves, in_specs)
         args, kwargs = treedef.unflatten(_constrained(leaves, in_specs))
         out = fun(*args, **kwargs)
         out_leaves, out_specs, out_def = specs_for_leaves(
@@ -204,11 +209,32 @@ class Layout:
             root="the output",
             is_spec=is_sharding_spec,
         )
+        check_leaf_shardings(
+            out_leaves,
+            out_specs,
+            lambda index: path_text(
+                "the output", jtu.tree_flatten_with_path(out)[0][index][0]
+            ),
+            "filter_jit: out_shardings",
+        )
         if any(spec is None for spec in out_specs):
             out_specs = _following(
                 out, out_specs, _argument_specs(args, kwargs, in_specs)
             )
         return out_def.unflatten(_constrained(out_leaves, out_specs))
+
+
+def _check_inputs(
+    call: tuple[tuple, dict], leaves: list[Any], specs: list[Any]
+) -> None:
+    """`ValueError` naming the argument's key path (`args[0].weight`) where a
+    sharding of `in_shardings` does not fit its array."""
+    check_leaf_shardings(
+        leaves,
+        specs,
+        lambda index: argument_path(jtu.tree_flatten_with_path(call)[0][index][0]),
+        "filter_jit: in_shardings",
+    )
 
 
 def _constrained(leaves: list[Any], specs: list[Any]) -> list[Any]:
@@ -283,3 +309,131 @@ def _following(
 
     visit(out)
     return out_specs
+
+
+# --- without `in_shardings`: outputs follow the arguments' layout -----------
+
+
+class _KeyedCall(threading.local):
+    def __init__(self) -> None:
+        self.call: tuple[tuple, dict] | None = None
+
+
+# The arguments of the keyed call in progress on this thread, set around the
+# inner `jax.jit` call and read by its body only when JAX traces (a cache
+# miss): the concrete arrays' shardings, which the tracers do not carry on
+# `Auto` mesh axes. (The direct route has `_direct.PENDING` for this.)
+KEYED_CALL = _KeyedCall()
+
+
+def auto_mesh_of(call: Any) -> Any:
+    """The mesh of the first concrete array of `call` laid out by a
+    `NamedSharding` over several devices of a mesh whose axes are all `Auto`;
+    `None` when there is none (on `Explicit` axes the shardings are part of
+    the traced types, and JAX makes outputs follow them itself)."""
+    for leaf in jtu.tree_leaves(call):
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer):
+            sharding = leaf.sharding
+            if isinstance(sharding, NamedSharding):
+                mesh = sharding.mesh
+                if (
+                    isinstance(mesh, jax.sharding.Mesh)
+                    and mesh.size > 1
+                    and all(
+                        kind == jax.sharding.AxisType.Auto for kind in mesh.axis_types
+                    )
+                ):
+                    return mesh
+    return None
+
+
+def _array_signature(node: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """The structure of `node`'s arrays (its other leaves read as `None`, so
+    that a model and `filter(model, is_array)` agree) with their shapes and
+    dtypes; `None` when it holds no array."""
+    leaves = jtu.tree_leaves(node)
+    arrays = [leaf for leaf in leaves if is_array(leaf)]
+    if not arrays:
+        return None
+    skeleton = jtu.tree_structure(
+        jtu.tree_map(lambda leaf: leaf if is_array(leaf) else None, node)
+    )
+    return skeleton, tuple((tuple(leaf.shape), leaf.dtype) for leaf in arrays)
+
+
+def _learn(node: Any, mesh: Any, known: dict[Any, list[Any]], depth: int) -> None:
+    """Records the shardings on `mesh` of `node`'s arrays under its signature,
+    and of its items' when it is a tuple, list or dict (down to `depth`)."""
+    signature = _array_signature(node)
+    if signature is None:
+        return
+    shardings = []
+    for leaf in jtu.tree_leaves(node):
+        if not is_array(leaf):
+            continue
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
+            shardings.append(sharding)
+        else:
+            shardings.append(None)
+    known.setdefault(signature, shardings)
+    if depth > 0 and type(node) in (tuple, list, dict):
+        for item in node.values() if type(node) is dict else node:
+            _learn(item, mesh, known, depth - 1)
+
+
+def follow_arguments(
+    out: Any, call: tuple[tuple, dict], mesh: Any, recorded: dict[int, Any]
+) -> Any:
+    """Inside the trace of a call without `in_shardings` whose arrays lie on
+    the `Auto` mesh `mesh`: `out` with every output subtree that has the
+    array structure, shapes and dtypes of an argument (or of an item of a
+    tuple, list or dict argument) constrained to that argument's shardings,
+    and every other scalar array replicated on `mesh`. On `Auto` axes JAX
+    would leave them to XLA, which puts a value computed from no input (the
+    `zeros_like(params)` of optax's `init`, its step counter) on one device
+    and lays out the others as it finds best, so that feeding the outputs
+    back in would compile again. Outputs the function laid out itself with
+    `filter_shard` (`recorded`) are left alone.
+
+    Decided once per trace: JAX traces again for another mesh, but not for
+    another layout of the same shapes on the same mesh, whose call then
+    reuses this one's decisions (the values are the same; the outputs are
+    laid out like the first call's arguments)."""
+    known: dict[Any, list[Any]] = {}
+    args, kwargs = call
+    for argument in (*args, *kwargs.values()):
+        _learn(argument, mesh, known, depth=2)
+    out_leaves, out_def = jtu.tree_flatten(out)
+    specs: list[Any] = [None] * len(out_leaves)
+    start = 0
+
+    def visit(node: Any) -> None:
+        nonlocal start
+        count = len(jtu.tree_leaves(node))
+        signature = _array_signature(node) if count else None
+        shardings = known.get(signature) if signature is not None else None
+        if shardings is not None:
+            found = iter(shardings)
+            for index in range(start, start + count):
+                if is_array(out_leaves[index]):
+                    specs[index] = next(found)
+            start += count
+            return
+        children = jtu.tree_flatten(node, is_leaf=lambda x: x is not node)[0]
+        if len(children) == 1 and children[0] is node:  # a leaf
+            start += 1
+            return
+        for child in children:
+            visit(child)
+
+    visit(out)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    for index, leaf in enumerate(out_leaves):
+        if not is_array(leaf) or recorded.get(id(leaf)) is leaf:
+            specs[index] = None
+        elif specs[index] is None and not jax.numpy.ndim(leaf):
+            specs[index] = replicated
+    if all(spec is None for spec in specs):
+        return out
+    return out_def.unflatten(_constrained(out_leaves, specs))

@@ -92,7 +92,10 @@ def field(
       a Module (a sub-layer), a mapping from that Module's field names to
       names: defaults for the sub-layer's parameters, below any `axes=` the
       sub-layer itself was built with (so the sub-layer stays an ordinary one,
-      equal to one built on its own). Stored in the field's
+      equal to one built on its own; a container of sub-layers gives them to
+      each). A name the sub-layer has no field for is refused, naming this
+      field, when the axes are read ([`logical_axes`][filterax.logical_axes],
+      [`sharding_of`][filterax.sharding_of]). Stored in the field's
       `metadata["axes"]`.
     - `**kwargs`: passed to `dataclasses.field` (`default`, `default_factory`,
       `init`, `repr`, `kw_only`, `metadata`, ...).
@@ -101,7 +104,8 @@ def field(
 
     **Raises:** `ValueError` if `static`, `converter` or `axes` is passed inside
     `metadata`, or `axes` is given for a static field; `TypeError` if
-    `converter` is not callable or `axes` is not a tuple of `str`/`None`.
+    `converter` is not callable, `axes` is not a tuple of `str`/`None`, or
+    a mapping's key is not a field name.
 
     ```python
     >>> import jax.numpy as jnp
@@ -131,6 +135,13 @@ def field(
                 "field holds no arrays."
             )
         if isinstance(axes, Mapping):
+            for name in axes:
+                if not (isinstance(name, str) and name.isidentifier()):
+                    raise TypeError(
+                        "field(axes={...}) maps the field names of the sub-layer "
+                        "this field holds to their logical axes; a key must be "
+                        f"a field name (a str), got {name!r}."
+                    )
             metadata[AXES_KEY] = {
                 name: check_axes_names(names, f"field(axes=...)[{name!r}]")
                 for name, names in axes.items()

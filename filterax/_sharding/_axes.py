@@ -173,17 +173,42 @@ def _module_field_names(node: Module) -> tuple[dict[str, Names], dict[str, Names
     return declared, dict(overrides or ())
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    if not dataclasses.is_dataclass(cls):
+        return ()
+    return tuple(item.name for item in dataclasses.fields(cls))
+
+
+def _check_inherited(node: Any, inherited: Mapping[str, Any], source: str) -> None:
+    """`ValueError` naming the declaring field when `field(axes={...})` names
+    a field that the sub-layer `node` does not have."""
+    known = _field_names(type(node))
+    for name in inherited:
+        if name not in known:
+            listed = ", ".join(repr(field) for field in known) or "none"
+            raise ValueError(
+                f"{source} names the field {name!r}, which "
+                f"{type(node).__qualname__} does not have; its fields are: "
+                f"{listed}."
+            )
+
+
 def _walk(
     node: Any,
     names: Names | None,
     out: list[Names | None],
     markers: dict[Any, Names | None],
     inherited: Mapping[str, Names] | None = None,
+    misfits: dict[int, Names] | None = None,
+    source: str = "",
 ) -> None:
     """Appends the names of `node`'s array leaves to `out`, in the order of
     `jax.tree.leaves(node)`; records the names given to each state index.
-    `inherited`: names for the fields of `node`, a Module, declared by the
-    field of its parent that holds it (below `node`'s own overrides)."""
+    `inherited`: names for the fields of `node`, a Module (or of each Module
+    in `node`, a container of them), declared by the field of its parent that
+    holds it (below `node`'s own overrides); `source` names that field, for
+    errors."""
     for index_type, state_type in _STATE_TYPES:
         if isinstance(node, index_type):
             markers.setdefault(node.marker, names)  # type: ignore[attr-defined]
@@ -191,38 +216,69 @@ def _walk(
             level = one_level(node)
             if level is not None:
                 for marker, child in zip(level.metadata, level.children):
-                    _walk(child, markers.get(marker, names), out, markers)
+                    _walk(
+                        child,
+                        markers.get(marker, names),
+                        out,
+                        markers,
+                        misfits=misfits,
+                    )
                 return
     level = one_level(node)
     if level is None:
         if node is not None:
+            if inherited and _is_shaped_leaf(node):
+                raise ValueError(
+                    f"{source} maps field names to logical axes, as for a "
+                    f"sub-layer, but the field holds an array of shape "
+                    f"{tuple(node.shape)}: give a tuple with one name per "
+                    "dimension instead."
+                )
+            if misfits is not None and names is not None and _is_shaped_leaf(node):
+                extra = len(node.shape) - len(names)
+                if extra < 0 or extra > 1:
+                    misfits[len(out)] = names
             out.append(leaf_axes(node, names))
         return
     if isinstance(node, Module):
         declared, overrides = _module_field_names(node)
         if inherited:
+            _check_inherited(node, inherited, source)
             overrides = {**inherited, **overrides}
         for key, child in zip(level.keys, level.children):
             name = getattr(key, "name", None)
             child_names = overrides.get(name, declared.get(name, names))  # type: ignore[arg-type]
             if isinstance(child_names, Mapping):  # names for a sub-layer's fields
-                _walk(child, None, out, markers, child_names)
+                _walk(
+                    child,
+                    None,
+                    out,
+                    markers,
+                    child_names,
+                    misfits,
+                    f"field(axes={{...}}) of {type(node).__qualname__}.{name}",
+                )
             else:
-                _walk(child, child_names, out, markers)
+                _walk(child, child_names, out, markers, misfits=misfits)
         return
+    # A container of sub-layers (a list of them, say) passes their names on.
     for child in level.children:
-        _walk(child, names, out, markers)
+        _walk(child, names, out, markers, inherited, misfits, source)
 
 
-def flat_axes(tree: Any) -> list[Names | None]:
-    """The names of the leaves of `tree`, in the order of `jax.tree.leaves`."""
+def flat_axes(tree: Any, misfits: dict[int, Names] | None = None) -> list[Names | None]:
+    """The names of the leaves of `tree`, in the order of `jax.tree.leaves`.
+    `misfits`, when given, receives the position and declared names of every
+    array whose rank is neither the names' length nor one more (a stack): its
+    names were longer than its rank (it gets none) or shorter by two or more
+    (read as a stack of stacks)."""
     markers: dict[Any, Names | None] = {}
     if _STATE_TYPES:
         # A first pass finds the names of every state index, wherever the
         # `State` holding their values sits relative to the model.
         _walk(tree, None, [], markers)
     out: list[Names | None] = []
-    _walk(tree, None, out, markers)
+    _walk(tree, None, out, markers, misfits=misfits)
     return out
 
 

@@ -31,6 +31,7 @@ def sharded_init(
     *,
     stages: int = 1,
     mapped: bool = False,
+    strict: bool = True,
 ) -> Callable[..., _T]:
     """Wraps a constructor so that it builds its arrays directly on their
     shardings.
@@ -74,6 +75,9 @@ def sharded_init(
       compilations. The values are those of one call of `make` (checked
       bit-for-bit in the tests for `nn` layers). The stack's axis must not be
       split over the mesh.
+    - `strict`: as for [`sharding_of`][filterax.sharding_of]: `False` turns
+      its refusal of unused rules and misfitting declared axes into a
+      `FilteraxWarning`.
 
     **Returns:** a function taking `make`'s arguments and returning what
     `make` returns, with every array placed on its sharding.
@@ -114,10 +118,14 @@ def sharded_init(
         )
     if not isinstance(mapped, bool):
         raise TypeError(f"sharded_init: `mapped` must be a bool, got {mapped!r}.")
+    if not isinstance(strict, bool):
+        raise TypeError(f"sharded_init: `strict` must be a bool, got {strict!r}.")
 
     @functools.wraps(make)
     def init(*args: Any, **kwargs: Any) -> _T:
-        return _plan(make, mesh, rules, stages, args, kwargs, mapped=mapped).build()
+        return _plan(
+            make, mesh, rules, stages, args, kwargs, mapped=mapped, strict=strict
+        ).build()
 
     return init
 
@@ -223,13 +231,14 @@ def _plan(
     kwargs: dict[str, Any],
     *,
     mapped: bool = False,
+    strict: bool = True,
 ) -> _Plan | _MappedPlan:
     """How to build `make(*args, **kwargs)`: its stages compiled, ready to
     `build()` or to measure (`peak_bytes_per_device()`, for the benchmark and
     the tests)."""
     with _mesh_context(mesh):
         abstract = filter_eval_shape(make, *args, **kwargs)
-        shardings, _ = flat_shardings(abstract, mesh, rules)
+        shardings, _ = flat_shardings(abstract, mesh, rules, strict=strict)
         # Only the array leaves of the output leave the compiled functions, in
         # the order of the abstract output's leaves.
         arrays_out = [

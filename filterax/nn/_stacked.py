@@ -151,7 +151,8 @@ class Stacked(Module, Generic[_Layer]):
 
     **Returns:** the stack, a Module. `len(stacked)` is `num`; `stacked[i]` is
     layer `i` (negative indices count from the end), a plain layer;
-    `stacked[a:b]` a smaller `Stacked`; [`unstack`][filterax.nn.Stacked.unstack]
+    `stacked[a:b]` a smaller `Stacked` (a slice selecting no layer is
+    refused with an `IndexError`); [`unstack`][filterax.nn.Stacked.unstack]
     and [`from_layers`][filterax.nn.Stacked.from_layers] convert to and from a
     list of layers.
 
@@ -301,6 +302,12 @@ class Stacked(Module, Generic[_Layer]):
     def __getitem__(self, index: SupportsIndex | slice) -> Any:
         if isinstance(index, slice):
             count = len(range(self.num)[index])
+            if count == 0:
+                raise IndexError(
+                    f"nn.Stacked: the slice [{_slice_text(index)}] selects no "
+                    f"layer of a stack of {self.num}; a stack holds at least one "
+                    "layer (an empty one would return its input unchanged)."
+                )
             layers = jtu.tree_map(
                 lambda leaf: leaf[index] if is_array(leaf) else leaf, self.layers
             )
@@ -326,6 +333,33 @@ class Stacked(Module, Generic[_Layer]):
         position %= self.num
         return jtu.tree_map(
             lambda leaf: leaf[position] if is_array(leaf) else leaf, self.layers
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only when `name` is not found: points at `.layers` when the
+        # layers have it.
+        message = f"'Stacked' object has no attribute {name!r}"
+        if name.startswith("__"):
+            raise AttributeError(message)
+        try:
+            layers = object.__getattribute__(self, "layers")
+        except AttributeError:
+            raise AttributeError(message) from None
+        if hasattr(layers, name):
+            stacked = (
+                f", arrays with a leading axis of length {self.num}, one entry "
+                "per layer"
+                if any(map(is_array, jtu.tree_leaves(getattr(layers, name))))
+                else ""
+            )
+            raise AttributeError(
+                f"{message}: the layers' attributes live under `.layers` "
+                f"(`stacked.layers.{name}`{stacked}), or index one layer: "
+                f"`stacked[0].{name}`."
+            )
+        raise AttributeError(
+            f"{message} (its fields: layers, num, remat, unroll; the layers, "
+            f"{type(layers).__name__}s, have no attribute {name!r} either)."
         )
 
     def __tree_pformat__(self) -> tuple[str, list[tuple[str, Any]]]:
@@ -456,6 +490,14 @@ class Stacked(Module, Generic[_Layer]):
         if state is None:
             return x
         return x, state.update(new_state)
+
+
+def _slice_text(index: slice) -> str:
+    parts = [
+        "" if part is None else str(part)
+        for part in (index.start, index.stop, index.step)
+    ]
+    return ":".join(parts if index.step is not None else parts[:2])
 
 
 def _check_output(x: Any, out: Any) -> None:

@@ -198,3 +198,44 @@ def test_vmapped_constructor_gets_a_stack_axis():
         jax.random.split(KEY, (2, 2))
     )
     assert fx.logical_axes(nested).weight == ("stack", None, "out", "in")
+
+
+class _Block(fx.Module):
+    proj: fx.nn.Linear = fx.field(axes={"wieght": ("mlp", "embed")})
+
+
+class _Blocks(fx.Module):
+    projs: list = fx.field(axes={"weight": ("mlp", "embed")})
+
+
+class _Scale(fx.Module):
+    w: jax.Array = fx.field(axes={"weight": ("a",)})
+
+
+def test_field_axes_for_a_sublayer_refuse_an_unknown_field():
+    block = _Block(fx.nn.Linear(3, 4, key=KEY))
+    with pytest.raises(ValueError) as caught:
+        fx.logical_axes(block)
+    message = str(caught.value)
+    assert "_Block.proj" in message and "'wieght'" in message
+    assert "'weight', 'bias'" in message  # the fields it has
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with pytest.raises(ValueError, match="'wieght'"):
+        fx.sharding_of(block, mesh, {"mlp": "model"})
+
+
+def test_field_axes_reach_every_sublayer_of_a_container():
+    blocks = _Blocks([fx.nn.Linear(3, 4, key=KEY), fx.nn.Linear(3, 4, key=KEY)])
+    names = fx.logical_axes(blocks)
+    assert [layer.weight for layer in names.projs] == [("mlp", "embed")] * 2
+    assert names.projs[0].bias == ("out",)
+
+
+def test_field_axes_mapping_on_an_array_field_is_refused():
+    with pytest.raises(ValueError, match=r"_Scale\.w.*holds an array of shape \(3,\)"):
+        fx.logical_axes(_Scale(jnp.zeros(3)))
+
+
+def test_field_axes_mapping_keys_must_be_field_names():
+    with pytest.raises(TypeError, match="a key must be a field name"):
+        fx.field(axes={3: ("a",)})  # type: ignore[dict-item]
