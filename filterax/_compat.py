@@ -31,6 +31,11 @@ Var = _jax_core.Var
 jaxpr_as_fun = _jax_core.jaxpr_as_fun
 jaxprs_in_params = _jax_core.jaxprs_in_params
 
+# What JAX raises at trace time when it cannot infer an output sharding on
+# `Explicit` mesh axes (a gather of split indices under `vmap`, say); it has
+# no public name.
+ShardingTypeError = _jax_core.ShardingTypeError
+
 # The folder of the package. Its frames are left out of the tracebacks that
 # JAX filters (`jax_traceback_filtering`, on by default), as JAX leaves out its
 # own: an error raised in a user's function under a filtered transform shows

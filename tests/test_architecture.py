@@ -11,6 +11,7 @@ as importing the package, which imports its own modules.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,40 @@ def test_every_folder_says_what_it_holds_and_may_import(name):
     assert docstring, f"{name} has no docstring"
     if name.startswith("filterax._"):
         assert "May import" in docstring, f"{name} does not say what it may import"
+
+
+def _folder_of(module: str) -> str | None:
+    """The part of `filterax` a module belongs to: `_module` for
+    `filterax._module._field`, `_tree` for `filterax._tree`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _declared_imports(package: str) -> set[str]:
+    """The parts of filterax named (in backticks) in the package docstring's
+    "May import:" paragraph."""
+    docstring = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+    paragraph = docstring[docstring.index("May import") :].split("\n\n")[0]
+    parts = {_folder_of(name) for name in MODULES}
+    named = {word.lstrip(".") for word in re.findall(r"`([\w.]+)`", paragraph)}
+    return {name.split(".")[0] for name in named} & parts
+
+
+def _real_imports(package: str) -> set[str]:
+    """The other parts of filterax that the package's modules import, at the
+    top or inside functions."""
+    own = _folder_of(package)
+    found = set()
+    for name in MODULES:
+        if name == package or name.startswith(package + "."):
+            found |= {_folder_of(target) for target in _every_import(name)}
+    return found - {own, None}
+
+
+@pytest.mark.parametrize(
+    "name", sorted(name for name in MODULES if _is_package(name) and name != "filterax")
+)
+def test_each_may_import_list_is_the_real_one(name):
+    declared, real = _declared_imports(name), _real_imports(name)
+    assert sorted(real - declared) == [], f"{name} imports what its list omits"
+    assert sorted(declared - real) == [], f"{name} lists what it does not import"

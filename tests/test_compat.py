@@ -171,3 +171,17 @@ def test_the_jaxpr_types_are_those_jax_extend_core_names():
 
     for name in ("ClosedJaxpr", "Jaxpr", "Var", "jaxpr_as_fun", "jaxprs_in_params"):
         assert getattr(_compat, name) is getattr(jax.extend.core, name), name
+
+
+def test_sharding_type_error_is_what_jax_raises_for_an_unresolvable_gather():
+    # `row_of` falls back to its batched lookup on exactly this error: a row
+    # per index gathered under `vmap` from indices split over `Explicit` axes.
+    explicit = (jax.sharding.AxisType.Explicit,)
+    mesh = jax.make_mesh(
+        (2,), ("data",), axis_types=explicit, devices=jax.devices()[:2]
+    )
+    with jax.set_mesh(mesh):
+        table = jnp.ones((4, 2))
+        index = jax.device_put(jnp.arange(4) % 4, jax.sharding.PartitionSpec("data"))
+        with pytest.raises(_compat.ShardingTypeError):
+            jax.jit(jax.vmap(lambda i: table[i]))(index)

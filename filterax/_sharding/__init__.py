@@ -9,10 +9,13 @@ construction.
   `NamedSharding`s, with every check done before anything is placed.
 - `_init.py`: `sharded_init`: a constructor run compiled, its arrays created
   directly on their shardings.
+- `_explicit.py`: `matmul` and `row_of`, a product and a lookup that name
+  their output sharding where JAX asks for one on `Explicit` mesh axes (for
+  `filterax.nn`'s `Linear` and `Embedding`).
 - `_check.py`: `check_shardings_fit`: shardings (a restore's template, say)
   checked against the arrays' shapes, each misfit named by its key path.
 
-Sits at the transforms layer. May import: `jax`, `_filters`,
+Sits at the transforms layer. May import: `jax`, `_compat`, `_filters`,
 `_split`, `_structure`, `_module`, `_eval_shape`, `_warnings`, `_mapping`
 (`mesh_context`, the prefix resolution of `_mapping/_axes.py` and the
 sharding checks of `_mapping/_shard.py`).
@@ -28,10 +31,13 @@ from ._axes import (
     sublayer_axes,
 )
 from ._check import check_shardings_fit
+from ._explicit import matmul, row_of
 from ._init import sharded_init
 from ._rules import sharding_of
 
 __all__ = [
+    "matmul",
+    "row_of",
     "STACK_AXIS",
     "axes_overrides_field",
     "check_shardings_fit",

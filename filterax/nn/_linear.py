@@ -10,8 +10,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, PRNGKeyArray
 
 from .._module import Module, field
-from .._sharding import axes_overrides_field, declared_axes, layer_axes
-from ._shared_helpers import check_key, matmul, non_negative_int, uniform_init
+from .._sharding import axes_overrides_field, declared_axes, layer_axes, matmul
+from ._shared_helpers import check_key, non_negative_int, uniform_init
 
 __all__ = ["Identity", "Linear"]
 
