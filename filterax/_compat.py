@@ -22,9 +22,9 @@ from jax.interpreters import ad, batching, mlir
 _C = TypeVar("_C", bound=Callable[..., Any])
 
 # The jaxpr types that `jax.extend.core` re-exports, read from where they are
-# defined: importing `jax.extend` imports Pallas too, which more than doubled
-# the time `import filterax` adds to `import jax` (13 of 57 ms with bytecode
-# cached). `test_compat` checks that each is the object `jax.extend.core` names.
+# defined: importing `jax.extend` imports Pallas too, the largest part of what
+# `import filterax` would add to `import jax` (`benchmarks/bench_import.py`).
+# `test_compat` checks that each is the object `jax.extend.core` names.
 ClosedJaxpr = _jax_core.ClosedJaxpr
 Jaxpr = _jax_core.Jaxpr
 Var = _jax_core.Var
