@@ -133,8 +133,8 @@ from ._enumeration import (
     EnumerationItem as EnumerationItem,
 )
 
-# --- state and randomness (_state/) ---
-from ._state import RngStream as RngStream
+# --- randomness (_rng/) ---
+from ._rng import RngStream as RngStream
 
 # --- serialisation (_serialisation/) ---
 from ._serialisation import (

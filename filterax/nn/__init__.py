@@ -7,7 +7,7 @@ root package, which imports this one: the import graph has no circle. Nothing
 outside `filterax/__init__.py` imports this package.
 
 May import: the core's public names from `_module`, `_filters`, `_tree`,
-`_pretty`, `_mapping`, `_eval_shape`, `_state`, `_missing`, `_ad`'s
+`_pretty`, `_mapping`, `_eval_shape`, `_rng`, `_missing`, `_ad`'s
 `unfrozen` (a frozen parameter as the array `lax` needs) and
 `filter_checkpoint`, `_control`'s `filter_scan` and `_structure`'s error
 texts (for `Stacked`), and `_compat`'s

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from .._module import Module, field
+from .._rng import RngStream
 from .._sharding import sublayer_axes
-from .._state import RngStream
 from ._dropout import Dropout
 from ._linear import Linear
 from ._shared_helpers import deprecated_deterministic, dropout_active, statistics_dtype

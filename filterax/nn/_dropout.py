@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
 from .._module import Module
-from .._state import RngStream
+from .._rng import RngStream
 from ._shared_helpers import deprecated_deterministic, dropout_active
 
 __all__ = ["Dropout"]

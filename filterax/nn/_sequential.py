@@ -12,7 +12,7 @@ import jax
 from jaxtyping import Array, PRNGKeyArray
 
 from .._module import Module
-from .._state import RngStream
+from .._rng import RngStream
 from ._shared_helpers import NO_STATE
 from ._stateful import State
 

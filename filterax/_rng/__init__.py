@@ -1,6 +1,7 @@
-"""State that lives in the model: `jax.Ref` support and `RngStream`.
+"""Randomness that lives in the model: `RngStream`, a typed key plus a counter
+held in a `jax.Ref`.
 
-- `_rng.py`: `RngStream`, a typed key plus a counter held in a Ref.
+- `_stream.py`: `RngStream`.
 
 The transforms themselves (jit, vmap, the AD transforms, control flow,
 serialisation) treat Refs as dynamic leaves; `is_ref` is in `_filters.py`.
@@ -9,6 +10,6 @@ Equinox's functional `State` is part of `filterax.nn`.
 May import: `jax`, `_filters`, `_module`.
 """
 
-from ._rng import RngStream
+from ._stream import RngStream
 
 __all__ = ["RngStream"]
