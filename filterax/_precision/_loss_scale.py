@@ -146,8 +146,8 @@ class StaticLossScale(_LossScale):
     >>> import jax.numpy as jnp
     >>> import filterax as fx
     >>> scale = fx.StaticLossScale(2.0**8)
-    >>> scale.scale(jnp.array(0.5)), scale.unscale({"w": jnp.array(256.0)})
-    (Array(128., dtype=float32), {'w': Array(1., dtype=float32)})
+    >>> scale.scale(jnp.array(0.5)), scale.unscale([jnp.array(256.0)])
+    (Array(128., dtype=float32), [Array(1., dtype=float32)])
 
     ```
     """
