@@ -18,6 +18,9 @@
   in `_io.py`.
 - What the Equinox and NumPy formats are built from: `_npy.py` (`.npy`
   records) and `_npy_leaf.py` (a leaf of `like` from the next record).
+- Shared by all, and with `filterax.checkpoint`: `_kinds.py` (the vocabulary
+  of leaf kinds) and `_fingerprint.py` (the description of a non-array
+  value, never pickled).
 - Shared by all: `_arrays.py` (describing `like` leaves, key layouts,
   placing restored arrays), `_source.py` (the stream a checkpoint is read
   from, with size checks), `_io.py` (which file a path names, input and

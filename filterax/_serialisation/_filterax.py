@@ -8,14 +8,15 @@ all integers little-endian, every checksum a `zlib.crc32`):
               preamble + length + JSON
     entries   one per leaf, in flattening order:
               u32 length, JSON {"path", "kind", "dtype", "shape", "nbytes",
-              ["impl" | "type"]}, u32 checksum of length + JSON,
+              ["impl" | "type", "value"]}, u32 checksum of length + JSON,
               `nbytes` bytes of data, u32 checksum of the data
     footer    b"FLTRXEND", u64 entry count, u32 checksum
 
 `kind` is the type tag: `jax_array`, `numpy_array`, `numpy_scalar`,
 `key_array` (the key data, with the PRNG implementation in `impl`), `bool`,
 `int`, `float`, `complex` (Python scalars), `object` (a non-array leaf, not
-stored; its type name in `type`) or `raw` (bytes written by a custom
+stored; its type name in `type`, its description in `value`, as
+`filterax.checkpoint` describes static leaves) or `raw` (bytes written by a custom
 `filter_spec` callable). Array data is C-ordered and little-endian.
 
 The framing is `_framing.py`, a leaf's entry `_leaf.py`, the per-leaf file

@@ -23,6 +23,7 @@ from typing import IO, Any
 import jax.numpy as jnp
 import numpy as np
 
+from ._kinds import ARRAY_KINDS, KEY_ARRAY, OBJECT, PYTHON_SCALAR_KINDS, RAW
 from ._messages import SerialisationError, shape_str, with_article
 from ._source import CHUNK, Source
 
@@ -51,9 +52,6 @@ _FOOTER = struct.Struct("<8sQ")  # footer magic, entry count
 _MAX_HEADER_BYTES = 1 << 32
 _MAX_ENTRY_META_BYTES = 1 << 24
 BIG_ENDIAN_HOST = sys.byteorder == "big"
-
-# Kinds of entry that hold an ordinary (non-key) array; they load into one another.
-ARRAY_KINDS = frozenset({"jax_array", "numpy_array", "numpy_scalar"})
 
 
 def _json_type(value: Any) -> str:
@@ -117,16 +115,16 @@ class EntryMeta:
 
     def describe(self) -> str:
         """What the entry holds, for error messages."""
-        if self.kind == "key_array":
+        if self.kind == KEY_ARRAY:
             data = shape_str(self.dtype, self.shape)
             return f"a {self.extra.get('impl')} key array (key data {data})"
         if self.kind in ARRAY_KINDS:
             return with_article(f"{shape_str(self.dtype, self.shape)} array")
-        if self.kind == "object":
+        if self.kind == OBJECT:
             return f"no data (a {self.extra.get('type', 'non-array')} leaf was saved)"
-        if self.kind == "raw":
+        if self.kind == RAW:
             return f"{self.nbytes} bytes written by a custom filter_spec callable"
-        if self.kind in ("bool", "int", "float", "complex"):
+        if self.kind in PYTHON_SCALAR_KINDS:
             return f"a Python {self.kind}"
         return f"an entry of unknown kind {self.kind!r}"
 

@@ -13,6 +13,7 @@ from typing import IO, Any, BinaryIO
 
 from ._atomic import atomic_output
 from ._framing import EntryMeta, FormatReader, FormatWriter
+from ._kinds import RAW
 from ._messages import SerialisationError
 from ._source import Source, file_label
 
@@ -72,7 +73,7 @@ class LeafWriter(io.RawIOBase):
             payload = self._raw.getbuffer()
             size = len(payload)
             self._writer.write_entry(
-                EntryMeta(self.path, "raw", "uint8", (size,), size), payload
+                EntryMeta(self.path, RAW, "uint8", (size,), size), payload
             )
             del payload  # release the export so the buffer can be freed
 
@@ -109,7 +110,7 @@ class LeafReader(io.RawIOBase):
 
     def _raw_bytes(self) -> io.BytesIO:
         if self._raw is None:
-            if self.meta.kind == "raw":
+            if self.meta.kind == RAW:
                 data = self.take(self.format_reader.read_data)
             else:
                 data = self._as_npy(self)

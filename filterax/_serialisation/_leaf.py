@@ -30,6 +30,7 @@ from ._arrays import (
     python_scalar_kind,
     restore_keys,
 )
+from ._fingerprint import describe_value
 from ._framing import (
     ARRAY_KINDS,
     BIG_ENDIAN_HOST,
@@ -38,6 +39,15 @@ from ._framing import (
     dtype_name,
 )
 from ._io import LeafReader
+from ._kinds import (
+    JAX_ARRAY,
+    KEY_ARRAY,
+    NUMPY_ARRAY,
+    NUMPY_SCALAR,
+    OBJECT,
+    RAW,
+    STORED_ARRAY_KINDS,
+)
 from ._messages import SerialisationError, leaf_note, shape_str
 from ._npy import starts_npy_record
 from ._numpy import read_record_leaf, record_bytes
@@ -102,12 +112,12 @@ def encode_leaf(path: str, leaf: Any) -> tuple[EntryMeta, bytes | memoryview]:
             )
         if key:
             impl = str(jax.random.key_impl(leaf))
-            return _array_entry(path, "key_array", data, impl=impl)
-        return _array_entry(path, "jax_array", data)
+            return _array_entry(path, KEY_ARRAY, data, impl=impl)
+        return _array_entry(path, JAX_ARRAY, data)
     if isinstance(leaf, np.ndarray):
-        return _array_entry(path, "numpy_array", leaf)
+        return _array_entry(path, NUMPY_ARRAY, leaf)
     if isinstance(leaf, np.generic):
-        return _array_entry(path, "numpy_scalar", np.asarray(leaf))
+        return _array_entry(path, NUMPY_SCALAR, np.asarray(leaf))
     kind = python_scalar_kind(leaf)
     if kind == "bool":
         data = bytes([leaf])
@@ -129,7 +139,10 @@ def encode_leaf(path: str, leaf: Any) -> tuple[EntryMeta, bytes | memoryview]:
                 "its arrays would be lost. Drop that `is_leaf`, or pass a "
                 "filter_spec callable that saves the node's contents."
             )
-        return EntryMeta(path, "object", "", (), 0, {"type": type(leaf).__name__}), b""
+        # Described (as `filterax.checkpoint` describes static leaves), not
+        # stored: loading takes the leaf from `like`.
+        extra = {"type": type(leaf).__name__, "value": describe_value(leaf)}
+        return EntryMeta(path, OBJECT, "", (), 0, extra), b""
     return EntryMeta(path, kind, kind, (), len(data)), data
 
 
@@ -254,7 +267,7 @@ def entry_as_npy(handle: LeafReader) -> bytes:
     data; a leaf stored as present but empty gives no bytes."""
     meta = handle.meta
     value: Any
-    if meta.kind in ARRAY_KINDS or meta.kind == "key_array":
+    if meta.kind in STORED_ARRAY_KINDS:
         value = _read_array(handle, meta.dtype, meta.shape, for_jax=False)
     elif meta.kind in _PYTHON_SCALAR_DTYPES:
         value = _python_scalar(handle, meta.kind)
@@ -297,7 +310,7 @@ def _decode_leaf_as(handle: LeafReader, like: Any, mismatch: Any) -> Any:
     """The leaf the entry holds, of the type of `like` (not a Ref)."""
     meta = handle.meta
     if (
-        meta.kind == "raw"
+        meta.kind == RAW
         and meta.nbytes
         and (is_array_template(like) or python_scalar_kind(like) is not None)
     ):
@@ -305,7 +318,7 @@ def _decode_leaf_as(handle: LeafReader, like: Any, mismatch: Any) -> Any:
     like_dtype = getattr(like, "dtype", None)
     if is_array_template(like) and is_key_dtype(like_dtype):
         impl = meta.extra.get("impl")
-        if meta.kind != "key_array" or not isinstance(impl, str):
+        if meta.kind != KEY_ARRAY or not isinstance(impl, str):
             raise mismatch()
         try:
             key_dtype, trailing = key_layout(impl)
@@ -340,7 +353,7 @@ def _decode_leaf_as(handle: LeafReader, like: Any, mismatch: Any) -> Any:
         if meta.kind == kind:
             return _decode_python_scalar(handle, kind, like)
         return as_like_scalar(_widened_scalar(handle, kind, mismatch), like)
-    if meta.kind == "object" or (meta.kind == "raw" and meta.nbytes == 0):
+    if meta.kind == OBJECT or (meta.kind == RAW and meta.nbytes == 0):
         handle.take(handle.format_reader.read_data)  # checks the (empty) data
         return like
     raise mismatch()

@@ -7,11 +7,19 @@ asynchronously and restores the latest complete one. For one host and one
 file, `filterax.tree_serialise_leaves` remains the simple default.
 
 - `_describe.py`: the JSON description of a pytree's static part, and its
-  check against `like` (no orbax).
+  check against `like` or another process's tree (no orbax).
 - `_items.py`: the orbax items of a checkpoint, and the pytree rebuilt from
   them.
+- `_integrity.py`: the checksums of a checkpoint's files, written and
+  checked.
+- `_processes.py`: agreement between the processes before a save, and
+  barriers, with time limits.
+- `_lock.py`: a writer's claim on a `Checkpointer` directory.
+- `_write.py`: one save, from orbax's write to the complete, renamed
+  checkpoint; saves in flight finished at exit.
 - `_api.py`: `save` and `restore`.
-- `_checkpointer.py`: `Checkpointer`, on orbax's `CheckpointManager`.
+- `_checkpointer.py`: `Checkpointer`: numbered steps, read from the
+  directory on every call.
 
 May import: `jax`, `numpy`, `orbax.checkpoint`, and the filterax layers below
 the public surface (`_filters`, `_serialisation`). Nothing in filterax imports

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
 from ._items import restore_tree, save_args
+from ._processes import agree, next_save_number
+from ._write import Write, staging_path
 
 __all__ = ["SaveInProgress", "restore", "save"]
 
@@ -27,23 +30,22 @@ def absolute(directory: PathLike) -> str:
 class SaveInProgress:
     """A checkpoint that `save(..., wait=False)` is still writing."""
 
-    def __init__(self, checkpointer: Any, directory: str):
-        self._checkpointer = checkpointer
-        self.directory = directory
+    def __init__(self, write: Write):
+        self._write: Write | None = write
+        self.directory = write.target
 
     def wait(self) -> None:
         """Blocks until the checkpoint is complete on every process (and
         raises what the write raised, if it failed)."""
-        if self._checkpointer is None:
+        if self._write is None:
             return
         try:
-            self._checkpointer.wait_until_finished()
+            self._write.wait()
         finally:
-            self._checkpointer.close()
-            self._checkpointer = None
+            self._write = None
 
     def __repr__(self) -> str:
-        state = "done" if self._checkpointer is None else "writing"
+        state = "done" if self._write is None else "writing"
         return f"SaveInProgress({self.directory!r}, {state})"
 
 
@@ -63,9 +65,17 @@ def save(directory: PathLike, tree: Any, *, wait: bool = True) -> SaveInProgress
     every other leaf (not saved: `restore` checks it against `like`'s and
     keeps `like`'s). No host copy of the arrays stays cached on them.
 
+    Only arrays orbax can store are accepted: every leaf is checked before
+    anything is written, and in a multi-process run the processes first check
+    that they all save the same tree (within 30 s; a difference raises on
+    every process, naming the first differing key path).
+
     The checkpoint appears at `directory` only once it is complete on every
-    process: orbax writes to a temporary directory beside it and renames it
-    when done, so a writer killed mid-save leaves no `directory` behind.
+    process, with a checksum of every file it holds (computed in the
+    background for `wait=False`): it is written to a temporary directory beside
+    it and renamed when done, so a writer killed mid-save leaves no
+    `directory` behind, and a save that fails removes its temporary directory.
+    A save still in flight when the program ends is finished before it exits.
 
     **Arguments:**
 
@@ -83,8 +93,13 @@ def save(directory: PathLike, tree: Any, *, wait: bool = True) -> SaveInProgress
 
     **Raises:** `FileExistsError` when `directory` exists; `TypeError` naming
     the key path for a leaf that cannot be saved (a traced array, a NumPy
-    array of strings or objects, a `ShapeDtypeStruct`); `ValueError` naming the
-    key path for a deleted (donated) array. Nothing is written when it raises.
+    array of strings or objects, a `ShapeDtypeStruct`, an array of a dtype of
+    fewer than 8 bits); `ValueError` naming the key path for a deleted
+    (donated) array, an array with no elements, or, in a multi-process run, an
+    array on one process's devices only; `ValueError` naming the first
+    differing key path when the processes save different trees, and
+    `TimeoutError` when one does not reach the save within 30 s. Nothing is
+    written when it raises.
 
     ```python
     >>> import os, tempfile
@@ -102,26 +117,20 @@ def save(directory: PathLike, tree: Any, *, wait: bool = True) -> SaveInProgress
     ```
     """
     path = absolute(directory)
-    if jax.process_count() == 1 and os.path.exists(path):
-        # Several processes leave this check to orbax, which makes it after a
-        # barrier: here, one process could see another's finished checkpoint.
-        raise FileExistsError(
+    args, described = save_args(tree)  # every leaf checked before anything is written
+    number = next_save_number()
+    refusal = None
+    if jax.process_index() == 0 and os.path.exists(path):
+        refusal = (
             f"{path} already exists: filterax.checkpoint.save writes a new "
             "directory. Choose another, or use filterax.checkpoint.Checkpointer "
             "for a series of numbered steps."
         )
-    args = save_args(tree)  # every leaf checked before anything is written
-    if wait:
-        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-            checkpointer.save(path, args=args)
-        return None
-    checkpointer = ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler())
-    try:
-        checkpointer.save(path, args=args)
-    except BaseException:
-        checkpointer.close()
-        raise
-    return SaveInProgress(checkpointer, path)
+        if jax.process_count() == 1:
+            raise FileExistsError(refusal)
+    token = agree(number, path, None, described.records, uuid.uuid4().hex[:16], refusal)
+    write = Write(path, staging_path(path, token), args, number, asynchronous=not wait)
+    return None if wait else SaveInProgress(write)
 
 
 def restore(directory: PathLike, like: Any) -> Any:
@@ -141,9 +150,13 @@ def restore(directory: PathLike, like: Any) -> Any:
     `jax.eval_shape` gives on `Explicit` meshes) is resolved against the mesh
     set with `jax.set_mesh`.
 
-    The checkpoint's description is checked against `like` before any array is
-    read: its structure, node types and their metadata, leaf kinds, shapes,
-    dtypes and PRNG implementations, and the fingerprints of static leaves.
+    Every file is checked against the checksum written with it: a flipped
+    bit, a truncated or missing file raises. The checkpoint's description is
+    checked against `like` before any array is read: its structure, node types and their metadata, leaf kinds, shapes,
+    dtypes and PRNG implementations, and the fingerprints of static leaves
+    (classes are matched by name within their module, the script run as
+    `__main__` counting as the module it would be imported as: a checkpoint
+    saved by `python train.py` restores in a program that imports `train`).
     `like` is never modified: where it has a `jax.Ref` (or a
     `ShapeDtypeStruct` with `is_ref=True`), the result has a new Ref holding
     the saved value. Python scalars take their saved values; NumPy leaves come
@@ -160,8 +173,10 @@ def restore(directory: PathLike, like: Any) -> Any:
 
     **Raises:** `FileNotFoundError` when there is no checkpoint at `directory`;
     [`SerialisationError`][filterax.SerialisationError] naming the key path
-    where the checkpoint and `like` differ, and when `directory` was not
-    written by `filterax.checkpoint`; `ValueError` naming the key path for an
+    where the checkpoint and `like` differ (a Module's static field by its
+    name, `.layers[1].out_features`), naming the file for a damaged or
+    missing file, and when `directory` was not written by
+    `filterax.checkpoint`; `ValueError` naming the key path for an
     abstract sharding that no mesh set with `jax.set_mesh` resolves. Nothing is
     returned unless every leaf was restored.
 
@@ -177,7 +192,7 @@ def restore(directory: PathLike, like: Any) -> Any:
     >>> fx.checkpoint.restore(directory, {"w": jnp.zeros(4), "step": 0, "act": "relu"})
     Traceback (most recent call last):
     ...
-    filterax...SerialisationError: ... does not match `like` at ['w']: the checkpoint holds a JAX float32[3] array, `like` has a JAX float32[4] array there.
+    filterax...SerialisationError: ... does not match `like`: at ['w']: the checkpoint holds a JAX float32[3] array, `like` has a JAX float32[4] array there.
 
     ```
     """
@@ -191,7 +206,12 @@ def restore(directory: PathLike, like: Any) -> Any:
                 else "."
             )
         )
+    return restore_from(path, like, path)
+
+
+def restore_from(path: str, like: Any, where: str) -> Any:
+    """Restores the checkpoint directory `path` (named `where` in messages)."""
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
         return restore_tree(
-            like, path, lambda args: checkpointer.restore(path, args=args), path
+            like, path, lambda args: checkpointer.restore(path, args=args), where
         )

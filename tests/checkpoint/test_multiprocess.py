@@ -5,6 +5,7 @@ process's 8 devices on another mesh shape."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -119,3 +120,82 @@ def test_two_processes_write_their_own_shards_and_one_restores_all(
         np.asarray(jax.random.key_data(jax.random.split(jax.random.key(7), 8))),
     )
     assert restored["step"] == 3
+
+
+_DISAGREEING = """\
+import json, os, time
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import filterax.checkpoint as fxc
+
+out = os.environ["CHECKPOINT_ROOT"]
+me = jax.process_index()
+mesh = jax.make_mesh((8,), ("x",))
+w = jax.make_array_from_callback(
+    (16,), NamedSharding(mesh, P("x")), lambda i: np.arange(16.0)[i]
+)
+report = {}
+
+def attempt(name, action):
+    start = time.monotonic()
+    try:
+        action()
+    except Exception as error:
+        report[name] = [type(error).__name__, str(error)]
+    else:
+        report[name] = None
+    report[name + " seconds"] = time.monotonic() - start
+
+# A NumPy leaf of another shape on process 1.
+attempt("tree", lambda: fxc.save(
+    os.path.join(out, "tree"), {"w": w, "n": np.zeros(2 + me), "act": "relu"}))
+# Another step number on process 1.
+checkpoints = fxc.Checkpointer(os.path.join(out, "steps"))
+attempt("step", lambda: checkpoints.save(3 + me, {"w": w}, wait=True))
+# Agreeing again: the save goes through.
+attempt("agreed", lambda: checkpoints.save(5, {"w": w}, wait=True))
+checkpoints.close()
+# Process 1 fails after writing its shards: process 0 hears of it at once.
+import filterax.checkpoint._write as write_module
+summed = write_module.write_checksums
+def broken(directory, process):
+    raise OSError(28, "No space left on device")
+if me == 1:
+    write_module.write_checksums = broken
+attempt("failed", lambda: fxc.save(os.path.join(out, "failed"), {"w": w}))
+write_module.write_checksums = summed
+# An array on this process's devices only.
+attempt("local", lambda: fxc.save(os.path.join(out, "local"), {"w": w, "l": jnp.ones(2)}))
+print(json.dumps(report))
+"""
+
+
+def test_processes_that_disagree_fail_fast_naming_the_difference(
+    run_processes: Callable[..., list[str]], tmp_path: Path
+) -> None:
+    root = tmp_path / "out"
+    root.mkdir()
+    # Bounded: a hang in any save would fail the test when the time runs out.
+    outputs = run_processes(
+        _DISAGREEING, env={"CHECKPOINT_ROOT": str(root)}, timeout=120
+    )
+    reports = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+    for report in reports:
+        kind, message = report["tree"]
+        assert kind == "ValueError"
+        assert "different trees" in message and "['n']" in message
+        assert "float64[2]" in message and "float64[3]" in message
+        kind, message = report["step"]
+        assert kind == "ValueError"
+        assert "step 3" in message and "step 4" in message
+        assert report["agreed"] is None
+        kind, message = report["failed"]
+        assert kind == ("RuntimeError" if report is reports[0] else "OSError")
+        assert "No space left on device" in message
+        kind, message = report["local"]
+        assert kind == "ValueError" and "['l']" in message
+        assert "this process's devices only" in message
+    # Nothing written by the refused saves, no partial directory left.
+    assert sorted(os.listdir(root)) == ["steps"]
+    assert sorted(os.listdir(root / "steps")) == ["5"]
+    print({f"process {i}": r["tree seconds"] for i, r in enumerate(reports)})

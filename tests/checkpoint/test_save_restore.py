@@ -203,7 +203,7 @@ def _saved(tmp_path: Path, tree: Any) -> Path:
         (
             (jnp.zeros(2), None),
             (jnp.zeros(2), jnp.zeros(1)),
-            r"structure of `like` at \[1\]",
+            r"structure differs at \[1\]",
         ),
         (
             {"w": np.zeros(2)},
