@@ -67,7 +67,13 @@ def _concrete_sharding(sharding: Any, meshes: dict[Any, Any]) -> Any:
         return sharding
     concrete = meshes.get(mesh)
     if concrete is None:
-        current = jax.sharding.get_mesh()
+        try:
+            current = jax.sharding.get_mesh()
+        except ValueError:
+            # Inside a trace (a `filter_eval_shape` nested in another's
+            # function): only the abstract mesh exists there; the outermost
+            # call makes it concrete.
+            current = None
         if getattr(current, "abstract_mesh", None) == mesh:
             concrete = current
     if concrete is None:

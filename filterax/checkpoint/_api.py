@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from .._sharding import check_shardings_fit
 from ._items import restore_tree, save_args
 from ._processes import agree, next_save_number
 from ._write import Write, staging_path
@@ -211,6 +212,8 @@ def restore(directory: PathLike, like: Any) -> Any:
 
 def restore_from(path: str, like: Any, where: str) -> Any:
     """Restores the checkpoint directory `path` (named `where` in messages)."""
+    # Before orbax (or JAX) sees a sharding: their errors name no key path.
+    check_shardings_fit(like, who="filterax.checkpoint.restore", root="like")
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
         return restore_tree(
             like, path, lambda args: checkpointer.restore(path, args=args), where

@@ -137,6 +137,22 @@ def test_restores_onto_the_shardings_of_an_abstract_like_on_another_mesh(
     )
 
 
+def test_a_template_sharding_that_does_not_fit_names_the_key_path(
+    tmp_path: Path,
+) -> None:
+    fxc.save(tmp_path / "ckpt", {"w": jnp.zeros((6, 4))})
+    mesh = jax.make_mesh((4, 2), ("a", "b"))
+    like = {
+        "w": jax.ShapeDtypeStruct(
+            (6, 4), jnp.float32, sharding=NamedSharding(mesh, P("a", "b"))
+        )
+    }
+    with pytest.raises(
+        ValueError, match=r"restore: at like\['w'\]: .* 4 does not divide 6"
+    ):
+        fxc.restore(tmp_path / "ckpt", like)
+
+
 def test_abstract_mesh_shardings_resolve_against_the_mesh_that_is_set(
     tmp_path: Path,
 ) -> None:

@@ -244,3 +244,16 @@ def test_mapped_checks_the_stack(mesh):
         )(keys)
     with pytest.raises(TypeError, match="mapped"):
         fx.sharded_init(make, mesh, rules, mapped=1)  # type: ignore[arg-type]
+
+
+def test_eval_shape_of_a_sharded_init_under_an_explicit_mesh_gives_concrete_shardings():
+    # The restore template of the scaling-out recipe: `filter_eval_shape` of
+    # the `sharded_init` function, whose own planning evaluates shapes inside
+    # the outer trace, where only the abstract mesh exists.
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    rules = {"out": "model", "in": None}
+    init = fx.sharded_init(lambda key: fx.nn.Linear(8, 8, key=key), mesh, rules)
+    with jax.set_mesh(mesh):
+        like = fx.filter_eval_shape(init, jax.random.key(0))
+    assert like.weight.sharding == NamedSharding(mesh, P("model", None))
+    assert like.bias.sharding == NamedSharding(mesh, P("model"))
