@@ -35,6 +35,7 @@ from ._rebuild import flatten, make_builder
 __all__ = [
     "ARRAY",
     "InputRef",
+    "MixedOutput",
     "PyTreeDef",
     "mark_input_refs",
     "STATIC_MASK",
@@ -486,6 +487,24 @@ def split_by_kind(tree: Any) -> tuple[list[Any], StaticPart, bytes]:
     kinds = leaf_kinds(leaves)
     values, part = split_leaves(leaves, treedef, kinds)
     return values, part, kinds
+
+
+class MixedOutput:
+    """An output with non-array leaves as it leaves a trace: the array leaves
+    as its children, the output's `StaticPart` as static node data."""
+
+    __slots__ = ("arrays", "static")
+
+    def __init__(self, arrays: list[Any], static: StaticPart):
+        self.arrays = arrays
+        self.static = static
+
+
+jtu.register_pytree_node(
+    MixedOutput,
+    lambda out: ((out.arrays,), out.static),
+    lambda static, children: MixedOutput(children[0], static),
+)
 
 
 # --- Refs in outputs ----------------------------------------------------------------

@@ -25,7 +25,6 @@ feeding them in again does not compile again.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,10 +38,10 @@ from jax.sharding import NamedSharding, PartitionSpec, Sharding
 from .._filters import is_array
 from .._mapping import filter_shard
 from .._mapping._axes import flatten_spec_prefix, specs_for_leaves
-from .._mapping._shard import check_leaf_shardings
+from .._mapping._shard import check_leaf_shardings, recording_constraints
 from .._structure import argument_path, path_text
 
-__all__ = ["KEYED_CALL", "Layout", "follow_arguments"]
+__all__ = ["Layout", "follow_arguments", "on_auto_mesh"]
 
 
 def is_sharding_spec(spec: Any) -> bool:
@@ -314,37 +313,46 @@ def _following(
 # --- without `in_shardings`: outputs follow the arguments' layout -----------
 
 
-class _KeyedCall(threading.local):
-    def __init__(self) -> None:
-        self.call: tuple[tuple, dict] | None = None
+def _is_auto(mesh: Any) -> bool:
+    return mesh.size > 1 and all(
+        kind == jax.sharding.AxisType.Auto for kind in mesh.axis_types
+    )
 
 
-# The arguments of the keyed call in progress on this thread, set around the
-# inner `jax.jit` call and read by its body only when JAX traces (a cache
-# miss): the concrete arrays' shardings, which the tracers do not carry on
-# `Auto` mesh axes. (The direct route has `_direct.PENDING` for this.)
-KEYED_CALL = _KeyedCall()
+_CANONICAL: dict[Any, Any] = {}
 
 
-def auto_mesh_of(call: Any) -> Any:
-    """The mesh of the first concrete array of `call` laid out by a
-    `NamedSharding` over several devices of a mesh whose axes are all `Auto`;
-    `None` when there is none (on `Explicit` axes the shardings are part of
-    the traced types, and JAX makes outputs follow them itself)."""
-    for leaf in jtu.tree_leaves(call):
-        if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer):
-            sharding = leaf.sharding
-            if isinstance(sharding, NamedSharding):
-                mesh = sharding.mesh
-                if (
-                    isinstance(mesh, jax.sharding.Mesh)
-                    and mesh.size > 1
-                    and all(
-                        kind == jax.sharding.AxisType.Auto for kind in mesh.axis_types
-                    )
-                ):
-                    return mesh
-    return None
+def canonical(sharding: Any) -> Any:
+    """One `NamedSharding` for the equivalent ones that differ only by
+    trailing `None`s or one-name tuples in their spec (`P()`, `P(None)`), as
+    JAX's own cache keys them alike; other shardings as they are."""
+    found = _CANONICAL.get(sharding)
+    if found is None:
+        found = sharding
+        if isinstance(sharding, NamedSharding):
+            spec = [
+                entry[0] if isinstance(entry, tuple) and len(entry) == 1 else entry
+                for entry in sharding.spec
+            ]
+            while spec and spec[-1] is None:
+                spec.pop()
+            found = NamedSharding(
+                sharding.mesh, PartitionSpec(*spec), memory_kind=sharding.memory_kind
+            )
+        found = _CANONICAL.setdefault(sharding, _CANONICAL.setdefault(found, found))
+    return found
+
+
+def on_auto_mesh(leaves: Sequence[Any]) -> bool:
+    """Whether an array among `leaves` (traced or not) lies on a mesh of several devices
+    whose axes are all `Auto` (its type names the mesh, not the layout: on
+    `Explicit` axes JAX makes outputs follow the inputs itself)."""
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array):
+            mesh = getattr(jax.typeof(leaf).sharding, "mesh", None)
+            if mesh is not None and not mesh.empty and _is_auto(mesh):
+                return True
+    return False
 
 
 def _array_signature(node: Any) -> tuple[Any, tuple[Any, ...]] | None:
@@ -361,49 +369,53 @@ def _array_signature(node: Any) -> tuple[Any, tuple[Any, ...]] | None:
     return skeleton, tuple((tuple(leaf.shape), leaf.dtype) for leaf in arrays)
 
 
-def _learn(node: Any, mesh: Any, known: dict[Any, list[Any]], depth: int) -> None:
-    """Records the shardings on `mesh` of `node`'s arrays under its signature,
-    and of its items' when it is a tuple, list or dict (down to `depth`)."""
+def _learn(
+    node: Any, by_id: dict[int, Any], known: dict[Any, list[Any]], depth: int
+) -> None:
+    """Records the shardings (`by_id`: of each traced leaf) of `node`'s arrays
+    under its signature, and of its items' when it is a tuple, list or dict
+    (down to `depth`)."""
     signature = _array_signature(node)
     if signature is None:
         return
-    shardings = []
-    for leaf in jtu.tree_leaves(node):
-        if not is_array(leaf):
-            continue
-        sharding = getattr(leaf, "sharding", None)
-        if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
-            shardings.append(sharding)
-        else:
-            shardings.append(None)
+    shardings = [by_id.get(id(leaf)) for leaf in jtu.tree_leaves(node) if is_array(leaf)]
     known.setdefault(signature, shardings)
     if depth > 0 and type(node) in (tuple, list, dict):
         for item in node.values() if type(node) is dict else node:
-            _learn(item, mesh, known, depth - 1)
+            _learn(item, by_id, known, depth - 1)
 
 
-def follow_arguments(
-    out: Any, call: tuple[tuple, dict], mesh: Any, recorded: dict[int, Any]
-) -> Any:
-    """Inside the trace of a call without `in_shardings` whose arrays lie on
-    the `Auto` mesh `mesh`: `out` with every output subtree that has the
-    array structure, shapes and dtypes of an argument (or of an item of a
-    tuple, list or dict argument) constrained to that argument's shardings,
-    and every other scalar array replicated on `mesh`. On `Auto` axes JAX
-    would leave them to XLA, which puts a value computed from no input (the
-    `zeros_like(params)` of optax's `init`, its step counter) on one device
-    and lays out the others as it finds best, so that feeding the outputs
-    back in would compile again. Outputs the function laid out itself with
-    `filter_shard` (`recorded`) are left alone.
-
-    Decided once per trace: JAX traces again for another mesh, but not for
-    another layout of the same shapes on the same mesh, whose call then
-    reuses this one's decisions (the values are the same; the outputs are
-    laid out like the first call's arguments)."""
+def follow_arguments(fun: Any, args: tuple, kwargs: dict, by_id: dict[int, Any]) -> Any:
+    """Inside the trace of a call without `in_shardings`: `fun(*args,
+    **kwargs)`, and when the arguments lie on an `Auto` mesh (`by_id`: the
+    concrete sharding of each traced leaf, from the call's key) every output
+    subtree that has the array structure, shapes and dtypes of an argument
+    (or of an item of a tuple, list or dict argument) constrained to that
+    argument's shardings, and every other scalar array replicated. On `Auto`
+    axes JAX would leave them to XLA, which puts a value computed from no
+    input (the `zeros_like(params)` of optax's `init`, its step counter) on
+    one device, so that feeding the outputs back in would compile again.
+    Outputs the function laid out itself with `filter_shard` are left alone."""
+    mesh = next(
+        (
+            s.mesh
+            for s in by_id.values()
+            if isinstance(s, NamedSharding)
+            and isinstance(s.mesh, jax.sharding.Mesh)
+            and _is_auto(s.mesh)
+        ),
+        None,
+    )
+    if mesh is None:
+        return fun(*args, **kwargs)
+    with recording_constraints() as recorded:
+        out = fun(*args, **kwargs)
+    by_id = {
+        key: s for key, s in by_id.items() if isinstance(s, NamedSharding) and s.mesh == mesh
+    }
     known: dict[Any, list[Any]] = {}
-    args, kwargs = call
     for argument in (*args, *kwargs.values()):
-        _learn(argument, mesh, known, depth=2)
+        _learn(argument, by_id, known, depth=2)
     out_leaves, out_def = jtu.tree_flatten(out)
     specs: list[Any] = [None] * len(out_leaves)
     start = 0

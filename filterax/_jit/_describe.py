@@ -1,54 +1,61 @@
-"""The keyed route of `filter_jit`: a hashable static key plus the dynamic leaves.
+"""How `filter_jit` describes a call: `describe(args, kwargs) -> (key, leaves)`.
 
 A call is described argument by argument, as a flat list of *tokens*:
 
-- a leaf: the dynamic marker `ARRAY_TOKEN` with the leaf itself among the
-  dynamic leaves (a concrete array and a tracer alike, so that a call under
-  `grad` or `vmap` shares the compilation of the same call made outside), or
-  its type and value when static (so that `1`, `1.0` and `True` are told
-  apart, as `jax.jit` does for static arguments);
-- a tuple or namedtuple: its type and length, then its items (walked, not
-  flattened, since a tuple is immutable and usually holds few items);
+- a leaf: `ARRAY_TOKEN` with the leaf itself among the dynamic leaves (a
+  concrete array and a tracer alike, so that a call under `grad` or `vmap`
+  shares the compilation of the same call made outside), or its type and
+  value when static (so that `1`, `1.0` and `True` are told apart);
+- a tuple or namedtuple: its type and length, then its items;
 - `None`: `None`;
 - anything else (a Module, a list, a dict...): its `StaticPart`, with its
-  dynamic leaves. A Module of frozen structure (or holding lists and dicts
-  that keep their items) is flattened once and then found again by identity
-  (`_memo`), which is what makes feeding a training
-  step's outputs back in, or calling a function on one model in a loop, cheap.
+  dynamic leaves.
 
-The tokens of a call, with the names of its keyword arguments, form the
-`CallKey` passed to the inner `jax.jit` as its static argument. A wrapper keeps
-the key of its last call and reuses it while the tokens are equal (an identity
-check per remembered object): the hash is computed once, and JAX's comparison
-on a hit is an identity check.
+The tokens and the keyword names form the `CallKey`, the static argument of
+the inner `jax.jit`. The previous call's key is reused while the tokens are
+equal, so that JAX's comparison on a hit is an identity check.
+
+Behind `describe` is a memo: a Module of frozen structure (or holding lists
+and dicts, guarded by the very items they held) is flattened once and then
+found again by identity, which is what makes feeding a training step's outputs
+back in cheap. An entry is a weak reference to its object, dropped when the
+object dies; arrays are immutable and Refs are passed as themselves, so an
+entry is never stale. Static fields are frozen when the Module is built.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
+from operator import is_
 from typing import Any
 
+import jax
 import jax.tree_util as jtu
+from jax.core import Tracer
 
 from .._split import (
     ARRAY,
     STATIC,
     TRACER,
     StaticPart,
+    Step,
     is_module_type,
     kind_of_type,
     leaf_kinds,
     split_by_kind,
 )
 from .._structure import argument_path
-from ._memo import guard_holds, lookup, remember
+from ._layout import canonical
 
 __all__ = [
-    "NO_HINTS",
     "CallKey",
+    "clear_memo",
+    "describe",
     "first_argument_leaf_count",
-    "key_of_call",
+    "lookup",
     "raise_if_unhashable",
+    "remember_outputs",
     "unpack_key",
 ]
 
@@ -88,22 +95,29 @@ def _is_walked_tuple(cls: type, value: tuple) -> bool:
 
 
 class CallKey(int):
-    """The static key of a keyed call: its tokens and keyword names.
+    """The static key of a keyed call: its tokens, keyword names and, for a
+    function seen on an `Auto` mesh, the shardings of its dynamic leaves.
 
-    An `int` whose value is the key's hash, so that `jax.jit`, which hashes
-    its static argument on every call, gets the hash from C without calling
-    into Python; on a hit, JAX's comparison of the very same key object is an
-    identity check. `first_count` caches `first_argument_leaf_count`.
+    An `int` whose value is the key's hash, so that `jax.jit` gets the hash
+    from C; on a hit, JAX compares the very same key object. `first_count`
+    caches `first_argument_leaf_count`.
     """
 
     tokens: list[Any]
     names: tuple[str, ...]
+    shardings: tuple[Any, ...] | None
     first_count: int | None
 
-    def __new__(cls, tokens: list[Any], names: tuple[str, ...]) -> CallKey:
-        key = super().__new__(cls, hash((tuple(tokens), names)))
+    def __new__(
+        cls,
+        tokens: list[Any],
+        names: tuple[str, ...],
+        shardings: tuple[Any, ...] | None = None,
+    ) -> CallKey:
+        key = super().__new__(cls, hash((tuple(tokens), names, shardings)))
         key.tokens = tokens
         key.names = names
+        key.shardings = shardings
         key.first_count = None
         return key
 
@@ -117,6 +131,7 @@ class CallKey(int):
                 other.__class__ is CallKey
                 and int(self) == int(other)  # type: ignore[call-overload]
                 and self.names == other.names  # type: ignore[attr-defined]
+                and self.shardings == other.shardings  # type: ignore[attr-defined]
                 and self.tokens == other.tokens  # type: ignore[attr-defined]
             )
         except Exception:
@@ -131,24 +146,45 @@ class CallKey(int):
         return f"CallKey({self.tokens!r}, names={self.names!r})"
 
 
-# The hints of a call with no previous key. Never mutated.
-NO_HINTS: list[Any] = []
+_NO_HINTS: list[Any] = []
 
 
-def key_of_call(
-    args: tuple, kwargs: dict[str, Any], leaves: list[Any], last: CallKey | None
-) -> CallKey:
-    """The static key of a call; its dynamic leaves are appended to `leaves`.
-    `last` is the previous call's key: its parts are reused where equal, so
-    that comparing the two keys is mostly identity checks, and it is returned
-    itself when the call matches it."""
+def describe(
+    args: tuple,
+    kwargs: dict[str, Any],
+    last: CallKey | None = None,
+    start: Sequence[Any] = (),
+    with_shardings: bool = False,
+) -> tuple[CallKey, list[Any]]:
+    """`(key, leaves)` of a call: its static key, and its dynamic leaves after
+    `start` (the function's own arrays). `last` is the previous call's key,
+    returned itself when the call matches it. `with_shardings`: the key holds
+    the shardings of the concrete leaves (see `_layout.follow_arguments`).
+
+    **Raises:** whatever hashing a static leaf raises (see
+    `raise_if_unhashable` for the message naming it).
+    """
     tokens: list[Any] = []
-    hints = NO_HINTS if last is None else last.tokens
+    leaves = [*start]
+    hints = _NO_HINTS if last is None else last.tokens
     describe_items(args, tokens, leaves, hints)
     names = describe_keywords(kwargs, tokens, leaves, hints) if kwargs else ()
-    if last is not None and tokens == hints and names == last.names:
-        return last
-    return CallKey(tokens, names)
+    shardings = None
+    if with_shardings:
+        shardings = tuple(
+            canonical(leaf.sharding)
+            if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer)
+            else None
+            for leaf in leaves
+        )
+    if (
+        last is not None
+        and tokens == hints
+        and names == last.names
+        and shardings == last.shardings
+    ):
+        return last, leaves
+    return CallKey(tokens, names, shardings), leaves
 
 
 def describe_keywords(
@@ -166,9 +202,7 @@ def first_argument_leaf_count(key: CallKey, args: tuple) -> int:
     this key has: the same for every such call, so worked out once."""
     count = key.first_count
     if count is None:
-        leaves: list[Any] = []
-        key_of_call(args[:1], {}, leaves, None)
-        count = key.first_count = len(leaves)
+        count = key.first_count = len(describe(args[:1], {})[1])
     return count
 
 
@@ -204,7 +238,7 @@ def describe_items(
             _describe(value, tokens, dynamic, hints)
 
 
-def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list) -> None:
+def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list[Any]) -> None:
     """An item `describe_items` did not recognise at once (not an array, a
     known tuple type or a remembered object): a static leaf, `None`, a tuple
     type seen for the first time, or a node to flatten."""
@@ -321,3 +355,98 @@ def raise_if_unhashable(args: tuple, kwargs: dict) -> None:
                 "matching `__hash__`), pass the value as an array, or close "
                 "over it."
             ) from None
+
+
+# --- The memo ------------------------------------------------------------
+
+
+class _Entry(weakref.ref):
+    """A weak reference to a remembered object (made as `_Entry(obj, _drop)`,
+    in C), with its flattening set as attributes."""
+
+    __slots__ = ("dynamic", "guard", "key", "part")
+    dynamic: list[Any]
+    guard: list[tuple[Any, tuple[Any, ...], tuple[Any, ...]]] | None
+    key: int
+    part: StaticPart
+
+
+# id(object) -> its entry. Dictionary operations are atomic, so threads and
+# the garbage collector's callbacks need no lock.
+_ENTRIES: dict[int, _Entry] = {}
+lookup = _ENTRIES.get
+
+
+def _drop(entry: _Entry, entries: dict[int, _Entry] = _ENTRIES) -> None:
+    # `entries` bound here: at interpreter exit the module's globals may be
+    # gone before the last objects die.
+    if entries.get(entry.key) is entry:
+        entries.pop(entry.key, None)
+
+
+def remember(obj: Any, part: StaticPart, dynamic: list[Any]) -> None:
+    """Remembers that `obj` (a Module of rememberable structure, see
+    `StaticPart.rememberable`) flattens to `part` and `dynamic`. Objects that
+    cannot be weakly referenced are skipped."""
+    guard = None
+    if not part.frozen():
+        paths = part.guard_paths()
+        if paths is None:
+            return
+        guard = []
+        for path in paths:
+            container = _resolve(obj, path)
+            if container.__class__ is list:
+                guard.append((container, (), tuple(container)))
+            else:
+                guard.append((container, tuple(container), tuple(container.values())))
+    try:
+        entry = _Entry(obj, _drop)
+    except TypeError:
+        return
+    entry.part = part
+    entry.dynamic = dynamic
+    entry.guard = guard
+    entry.key = key = id(obj)
+    _ENTRIES[key] = entry
+
+
+def _resolve(tree: Any, path: tuple[Step, ...]) -> Any:
+    """The node of `tree` at `path` (as `StaticPart.guard_paths` gives)."""
+    for is_attribute, key in path:
+        tree = getattr(tree, key) if is_attribute else tree[key]
+    return tree
+
+
+def guard_holds(guard: list[tuple[Any, tuple[Any, ...], tuple[Any, ...]]]) -> bool:
+    """Whether every list and dict of a remembered Module still holds the very
+    items (and keys, in order) it held when the Module was remembered."""
+    for container, keys, items in guard:
+        if container.__class__ is list:
+            if len(container) != len(items) or not all(map(is_, container, items)):
+                return False
+        elif (
+            len(container) != len(items)
+            or tuple(container) != keys
+            or not all(map(is_, container.values(), items))
+        ):
+            return False
+    return True
+
+
+def remember_outputs(out: Any, static: StaticPart, arrays: list[Any]) -> None:
+    """After a `filter_jit` output was rebuilt: remembers the Modules in it, so
+    that passing them back in (a training step's model and optimiser state)
+    finds them. Outputs still inside another trace are skipped (their leaves
+    are tracers), as are outputs holding input Refs."""
+    modules = static.module_parts()
+    if not modules or (arrays and kind_of_type(type(arrays[0])) != ARRAY):
+        return
+    if static.holds_input_refs():
+        return
+    for module in modules:
+        remember(module.find(out), module.part, arrays[module.dynamic_range])
+
+
+def clear_memo() -> None:
+    _ENTRIES.clear()
