@@ -37,7 +37,15 @@ class CallPlan:
     function, how many argument arrays are the first argument's (told apart
     when donating), the `Policy`, and how the wrapper arranges a call."""
 
-    __slots__ = ("arrange", "example", "fun_dynamic", "key", "n_first", "policy", "signature")
+    __slots__ = (
+        "arrange",
+        "example",
+        "fun_dynamic",
+        "key",
+        "n_first",
+        "policy",
+        "signature",
+    )
 
     def __init__(
         self,

@@ -218,8 +218,12 @@ class JitWrapper(FunctionWrapper):
                 raise_if_unhashable(args, kwargs)
                 raise
             policy = self.policy
-            n_first = first_argument_leaf_count(key, args) if args and policy.donates else 0
-            plan = CallPlan(key, self.fun_dynamic, n_first, policy, args, kwargs, self._arrange)
+            n_first = (
+                first_argument_leaf_count(key, args) if args and policy.donates else 0
+            )
+            plan = CallPlan(
+                key, self.fun_dynamic, n_first, policy, args, kwargs, self._arrange
+            )
             with donation_warning_ignored(policy.silences):
                 dynamic = leaves[len(self.fun_dynamic) :]
                 lowered = self.compiled.keyed.lower(key, *plan.groups(dynamic))

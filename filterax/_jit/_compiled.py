@@ -43,7 +43,6 @@ import jax.tree_util as jtu
 
 from .._caches import register_cache_clearer
 from .._filters import is_ref
-from .._mapping._shard import recording_constraints
 from .._split import (
     STATIC,
     TRACER,
@@ -56,8 +55,14 @@ from .._split import (
     split,
     split_leaves,
 )
-from ._describe import CallKey, clear_memo, remember_outputs, unpack_key
-from ._layout import follow_arguments, on_auto_mesh
+from ._describe import (
+    CallKey,
+    clear_memo,
+    module_parts,
+    remember_outputs,
+    unpack_key,
+)
+from ._layout import clear as clear_canonical, follow_arguments, on_auto_mesh
 from ._policy import Policy, silence_donation_warnings
 
 __all__ = ["REROUTE", "Compiled", "compiled_for", "rebuild"]
@@ -98,7 +103,13 @@ class Compiled:
         "with_shardings",
     )
 
-    def __init__(self, made_for: weakref.ref | StaticPart, policy: Policy, name: str, qualname: str):
+    def __init__(
+        self,
+        made_for: weakref.ref | StaticPart,
+        policy: Policy,
+        name: str,
+        qualname: str,
+    ):
         self.made_for = made_for
         self.policy = policy
         self.direct_ok: bool | None = None
@@ -129,7 +140,9 @@ class Compiled:
             shardings, by_id = key.shardings, None
             if shardings is not None:
                 leaves = [*fun_dynamic, *dynamic]
-                by_id = {id(leaf): s for leaf, s in zip(leaves, shardings) if s is not None}
+                by_id = {
+                    id(leaf): s for leaf, s in zip(leaves, shardings) if s is not None
+                }
             elif layout is None and on_auto_mesh(dynamic):
                 return REROUTE
             args, kwargs = unpack_key(key, dynamic)
@@ -148,7 +161,9 @@ class Compiled:
         for body in (keyed, direct):
             body.__name__ = name
             body.__qualname__ = qualname
-        self.keyed = jax.jit(keyed, static_argnums=0, donate_argnums=policy.keyed_donated)
+        self.keyed = jax.jit(
+            keyed, static_argnums=0, donate_argnums=policy.keyed_donated
+        )
         self.direct = jax.jit(direct, donate_argnums=policy.direct_donated)
         _LIVE.add(self)
 
@@ -253,7 +268,7 @@ def filter_output(out: Any, traced_inputs: Callable[[], Sequence[Any]]) -> Any:
         leaves = mark_input_refs(leaves, traced_inputs(), "filter_jit")
         kinds = leaf_kinds(leaves)
     arrays, part = split_leaves(leaves, treedef, kinds)
-    if STATIC not in kinds and not part.module_parts():
+    if STATIC not in kinds and not module_parts(part):
         return out
     return MixedOutput(arrays, part)
 
@@ -276,3 +291,4 @@ def _clear_jit_caches() -> None:
         _BY_STATIC_PART.clear()
     clear_leaf_kinds()
     clear_memo()
+    clear_canonical()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from itertools import islice
 from operator import is_
 from typing import Any
 
@@ -36,11 +37,13 @@ from jax.core import Tracer
 
 from .._split import (
     ARRAY,
+    CONCRETE,
+    FROZEN_NODE_TYPES,
     STATIC,
     TRACER,
     StaticPart,
-    Step,
     is_module_type,
+    is_namedtuple_node,
     kind_of_type,
     leaf_kinds,
     split_by_kind,
@@ -54,6 +57,7 @@ __all__ = [
     "describe",
     "first_argument_leaf_count",
     "lookup",
+    "module_parts",
     "raise_if_unhashable",
     "remember_outputs",
     "unpack_key",
@@ -238,7 +242,9 @@ def describe_items(
             _describe(value, tokens, dynamic, hints)
 
 
-def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list[Any]) -> None:
+def _describe(
+    value: Any, tokens: list[Any], dynamic: list[Any], hints: list[Any]
+) -> None:
     """An item `describe_items` did not recognise at once (not an array, a
     known tuple type or a remembered object): a static leaf, `None`, a tuple
     type seen for the first time, or a node to flatten."""
@@ -267,10 +273,10 @@ def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list[Any
     position = len(tokens)
     hint = hints[position] if position < len(hints) else None
     if isinstance(hint, StaticPart) and hint == part:
-        part = hint  # its facts (hash, `frozen`, interned) are worked out
-    if is_module_type(cls) and TRACER not in kinds and part.rememberable():
+        part = hint  # its hash and facts are worked out
+    if is_module_type(cls) and TRACER not in kinds and rememberable(part):
         if part is not hint:
-            part = part.interned()
+            part = interned(part)
         remember(value, part, values)
     tokens.append(part)
     dynamic += values
@@ -278,45 +284,23 @@ def _describe(value: Any, tokens: list[Any], dynamic: list[Any], hints: list[Any
 
 def unpack_key(key: CallKey, dynamic: Sequence[Any]) -> tuple[tuple, dict[str, Any]]:
     """Inside the trace: `(args, kwargs)` from a key and the traced leaves."""
-    reader = _Reader(key.tokens, dynamic)
-    values = []
-    while reader.token < len(key.tokens):
-        values.append(reader.value())
-    n_positional = len(values) - len(key.names)
-    return tuple(values[:n_positional]), dict(zip(key.names, values[n_positional:]))
+    tokens, leaves = iter(key.tokens), iter(dynamic)
 
-
-class _Reader:
-    """Rebuilds values from tokens and dynamic leaves, in order."""
-
-    def __init__(self, tokens: list[Any], dynamic: Sequence[Any]):
-        self.tokens = tokens
-        self.dynamic = dynamic
-        self.token = 0
-        self.leaf = 0
-
-    def _next_token(self) -> Any:
-        token = self.tokens[self.token]
-        self.token += 1
-        return token
-
-    def _next_leaves(self, count: int) -> list[Any]:
-        leaves = list(self.dynamic[self.leaf : self.leaf + count])
-        self.leaf += count
-        return leaves
-
-    def value(self) -> Any:
-        token = self._next_token()
+    def value(token: Any) -> Any:
+        if token is ARRAY_TOKEN:
+            return next(leaves)
         if token is None:
             return None
-        if token is ARRAY_TOKEN:
-            return self._next_leaves(1)[0]
         if token.__class__ is StaticPart:
-            return token.merge(self._next_leaves(token.num_dynamic))
+            return token.merge(list(islice(leaves, token.num_dynamic)))
         if _WALKED_TUPLES.get(token, False):
-            items = [self.value() for _ in range(self._next_token())]
+            items = [value(next(tokens)) for _ in range(next(tokens))]
             return tuple(items) if token is tuple else token(*items)
-        return self._next_token()  # a static leaf: its type, then its value
+        return next(tokens)  # a static leaf: its type, then its value
+
+    values = [value(token) for token in tokens]
+    n_positional = len(values) - len(key.names)
+    return tuple(values[:n_positional]), dict(zip(key.names, values[n_positional:]))
 
 
 class UnhashableArgumentError(TypeError, ValueError):
@@ -360,6 +344,144 @@ def raise_if_unhashable(args: tuple, kwargs: dict) -> None:
 # --- The memo ------------------------------------------------------------
 
 
+# A step of a path into a tree: `(True, name)` reads attribute `name` (a
+# Module's field), `(False, key)` item `key` (of a tuple, list or dict).
+Step = tuple[bool, Any]
+
+
+class _Facts(weakref.ref):
+    """What the memo knows of one structure (a weak reference to its
+    `StaticPart`, found by identity: an output's may hold unhashable values):
+    `guard_paths`, the paths of its lists and dicts (`()`: every node
+    immutable, `None`: a node of another mutable type, so it is not
+    remembered), and `modules`, the outermost rememberable Modules in it as
+    `(path, dynamic range, part)`."""
+
+    __slots__ = ("guard_paths", "key", "modules")
+    guard_paths: tuple[tuple[Step, ...], ...] | None
+    key: int
+    modules: list[tuple[tuple[Any, ...], slice, StaticPart]] | None
+
+
+_FACTS: dict[int, _Facts] = {}
+
+
+def _facts(part: StaticPart, facts_of: Any = _FACTS.get) -> _Facts:
+    facts = facts_of(id(part))
+    if facts is None or facts() is not part:
+        facts = _Facts(part, _drop)
+        found: list[tuple[Step, ...]] = []
+        ok = _mutable_paths(part.treedef, (), found)
+        facts.guard_paths = tuple(found) if ok else None
+        facts.modules = None
+        facts.key = id(part)
+        _FACTS[facts.key] = facts
+    return facts
+
+
+_INTERNED: weakref.WeakValueDictionary[tuple, StaticPart] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def rememberable(part: StaticPart) -> bool:
+    """Whether a tree of this structure flattens the same way for as long as
+    its lists and dicts keep the very same items."""
+    return _facts(part).guard_paths is not None
+
+
+def interned(part: StaticPart) -> StaticPart:
+    """The one `StaticPart` equal to `part` while it lives, so that equal
+    parts made apart (an argument flattened, an output rebuilt) compare by
+    identity."""
+    contents = (part.treedef, part.mask, part.static, tuple(map(type, part.static)))
+    try:
+        return _INTERNED.setdefault(contents, part)
+    except (TypeError, ValueError):  # static values without a plain `==`
+        return part
+
+
+def _mutable_paths(treedef: Any, path: tuple[Step, ...], found: list) -> bool:
+    """Appends to `found` the paths of the lists and dicts in `treedef`;
+    `False` when it holds a node that is neither immutable nor one of those."""
+    data = treedef.node_data()
+    if data is None:
+        return True
+    cls, aux = data
+    children = treedef.children()
+    steps: Sequence[Step]
+    if cls is type(None):
+        return True
+    if is_module_type(cls):
+        steps = [(True, name) for name in cls.__filterax_plan__.data_fields]  # type: ignore[attr-defined]
+    elif cls is list or cls is tuple or is_namedtuple_node(cls, aux):
+        if cls is list:
+            found.append(path)
+        steps = [(False, index) for index in range(len(children))]
+    elif cls is dict:
+        found.append(path)
+        steps = [(False, key) for key in aux]
+    elif cls in FROZEN_NODE_TYPES:
+        # How to reach its children is not known here: they must not change.
+        inner: list = []
+        return all(_mutable_paths(child, (), inner) for child in children) and not inner
+    else:
+        return False
+    return all(
+        _mutable_paths(child, (*path, step), found)
+        for step, child in zip(steps, children)
+    )
+
+
+def module_parts(part: StaticPart) -> list[tuple[tuple[Any, ...], slice, StaticPart]]:
+    """The outermost rememberable Modules in a tree of this structure, found
+    through its tuples, lists, dicts and namedtuples: `(keys from the root,
+    range of its dynamic leaves, its own StaticPart)`, traced leaves counted
+    as the concrete arrays they become outside the trace."""
+    facts = _facts(part)
+    if facts.modules is None:
+        found: list[tuple[tuple[Any, ...], slice, StaticPart]] = []
+        _find_modules(part, part.treedef, (), 0, 0, found)
+        facts.modules = found
+    return facts.modules
+
+
+def _find_modules(
+    whole: StaticPart,
+    treedef: Any,
+    path: tuple,
+    leaf_start: int,
+    dynamic_start: int,
+    found: list,
+) -> None:
+    data = treedef.node_data()
+    if data is None:
+        return
+    cls, aux = data
+    if is_module_type(cls):
+        mask = whole.mask[leaf_start : leaf_start + treedef.num_leaves].translate(
+            CONCRETE
+        )
+        static_start = leaf_start - dynamic_start
+        static = whole.static[static_start : static_start + mask.count(0)]
+        part = interned(StaticPart(treedef, mask, static))
+        if rememberable(part):
+            dynamic_end = dynamic_start + part.num_dynamic
+            found.append((path, slice(dynamic_start, dynamic_end), part))
+        return
+    if cls is dict:
+        keys: Sequence[Any] = aux
+    elif cls is list or cls is tuple or is_namedtuple_node(cls, aux):
+        keys = range(len(treedef.children()))
+    else:  # another node type: how to reach its children is not known here
+        return
+    for key, child in zip(keys, treedef.children()):
+        _find_modules(whole, child, (*path, key), leaf_start, dynamic_start, found)
+        end = leaf_start + child.num_leaves
+        dynamic_start += end - leaf_start - whole.mask[leaf_start:end].count(0)
+        leaf_start = end
+
+
 class _Entry(weakref.ref):
     """A weak reference to a remembered object (made as `_Entry(obj, _drop)`,
     in C), with its flattening set as attributes."""
@@ -377,45 +499,39 @@ _ENTRIES: dict[int, _Entry] = {}
 lookup = _ENTRIES.get
 
 
-def _drop(entry: _Entry, entries: dict[int, _Entry] = _ENTRIES) -> None:
-    # `entries` bound here: at interpreter exit the module's globals may be
+def _drop(entry: Any, tables: tuple[dict, ...] = (_ENTRIES, _FACTS)) -> None:
+    # The tables bound here: at interpreter exit the module's globals may be
     # gone before the last objects die.
-    if entries.get(entry.key) is entry:
-        entries.pop(entry.key, None)
+    for table in tables:
+        if table.get(entry.key) is entry:
+            table.pop(entry.key, None)
 
 
 def remember(obj: Any, part: StaticPart, dynamic: list[Any]) -> None:
-    """Remembers that `obj` (a Module of rememberable structure, see
-    `StaticPart.rememberable`) flattens to `part` and `dynamic`. Objects that
-    cannot be weakly referenced are skipped."""
-    guard = None
-    if not part.frozen():
-        paths = part.guard_paths()
-        if paths is None:
-            return
-        guard = []
-        for path in paths:
-            container = _resolve(obj, path)
-            if container.__class__ is list:
-                guard.append((container, (), tuple(container)))
-            else:
-                guard.append((container, tuple(container), tuple(container.values())))
+    """Remembers that `obj` (a Module of rememberable structure) flattens to
+    `part` and `dynamic`, guarded by the items of its lists and dicts.
+    Objects that cannot be weakly referenced are skipped."""
+    paths = _facts(part).guard_paths
+    if paths is None:
+        return
+    guard = []
+    for path in paths:
+        container = obj
+        for is_attribute, key in path:
+            container = getattr(container, key) if is_attribute else container[key]
+        if container.__class__ is list:
+            guard.append((container, (), tuple(container)))
+        else:
+            guard.append((container, tuple(container), tuple(container.values())))
     try:
         entry = _Entry(obj, _drop)
     except TypeError:
         return
     entry.part = part
     entry.dynamic = dynamic
-    entry.guard = guard
+    entry.guard = guard or None
     entry.key = key = id(obj)
     _ENTRIES[key] = entry
-
-
-def _resolve(tree: Any, path: tuple[Step, ...]) -> Any:
-    """The node of `tree` at `path` (as `StaticPart.guard_paths` gives)."""
-    for is_attribute, key in path:
-        tree = getattr(tree, key) if is_attribute else tree[key]
-    return tree
 
 
 def guard_holds(guard: list[tuple[Any, tuple[Any, ...], tuple[Any, ...]]]) -> bool:
@@ -436,16 +552,18 @@ def guard_holds(guard: list[tuple[Any, tuple[Any, ...], tuple[Any, ...]]]) -> bo
 
 def remember_outputs(out: Any, static: StaticPart, arrays: list[Any]) -> None:
     """After a `filter_jit` output was rebuilt: remembers the Modules in it, so
-    that passing them back in (a training step's model and optimiser state)
-    finds them. Outputs still inside another trace are skipped (their leaves
-    are tracers), as are outputs holding input Refs."""
-    modules = static.module_parts()
+    that passing them back in finds them. Outputs still inside another trace
+    (tracers) and outputs holding input Refs are skipped."""
+    modules = module_parts(static)
     if not modules or (arrays and kind_of_type(type(arrays[0])) != ARRAY):
         return
     if static.holds_input_refs():
         return
-    for module in modules:
-        remember(module.find(out), module.part, arrays[module.dynamic_range])
+    for path, dynamic_range, part in modules:
+        module = out
+        for key in path:
+            module = module[key]
+        remember(module, part, arrays[dynamic_range])
 
 
 def clear_memo() -> None:

@@ -15,9 +15,9 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-from filterax._jit import JitWrapper
 
 import filterax as fx
+from filterax._jit import JitWrapper
 
 AXIS_TYPES = [AxisType.Auto, AxisType.Explicit]
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
