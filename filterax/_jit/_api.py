@@ -117,6 +117,7 @@ class JitWrapper(FunctionWrapper):
         if direct:
             groups = self.policy.direct(self.fun_dynamic, args, kwargs)
             if groups is not None:
+                out: Any
                 try:
                     out = compiled.direct(*groups)
                 except Exception:

@@ -126,7 +126,7 @@ class Compiled:
         layout = policy.layout
 
         def call(fun_dynamic: list[Any], args: tuple, kwargs: dict, by_id: Any) -> Any:
-            fun = fun_source(fun_dynamic)
+            fun: Any = fun_source(fun_dynamic)
             if policy.silences:
                 silence_donation_warnings()
             if layout is not None:
@@ -161,10 +161,10 @@ class Compiled:
         for body in (keyed, direct):
             body.__name__ = name
             body.__qualname__ = qualname
-        self.keyed = jax.jit(
+        self.keyed: Any = jax.jit(
             keyed, static_argnums=0, donate_argnums=policy.keyed_donated
         )
-        self.direct = jax.jit(direct, donate_argnums=policy.direct_donated)
+        self.direct: Any = jax.jit(direct, donate_argnums=policy.direct_donated)
         _LIVE.add(self)
 
     def is_for_function(self, fun: Any) -> bool:
