@@ -172,7 +172,9 @@ def describe(
     leaves = [*start]
     hints = _NO_HINTS if last is None else last.tokens
     describe_items(args, tokens, leaves, hints)
-    names = describe_keywords(kwargs, tokens, leaves, hints) if kwargs else ()
+    names = tuple(sorted(kwargs))  # after the positional ones, in name order
+    if names:
+        describe_items([kwargs[name] for name in names], tokens, leaves, hints)
     shardings = None
     if with_shardings:
         shardings = tuple(
@@ -189,16 +191,6 @@ def describe(
     ):
         return last, leaves
     return CallKey(tokens, names, shardings), leaves
-
-
-def describe_keywords(
-    kwargs: dict[str, Any], tokens: list[Any], dynamic: list[Any], hints: list
-) -> tuple[str, ...]:
-    """Describes keyword arguments in name order (after the positional ones);
-    returns their names."""
-    names = tuple(sorted(kwargs))
-    describe_items([kwargs[name] for name in names], tokens, dynamic, hints)
-    return names
 
 
 def first_argument_leaf_count(key: CallKey, args: tuple) -> int:
