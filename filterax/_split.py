@@ -20,7 +20,6 @@ Imports only JAX, `_filters` and `_rebuild`.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from itertools import compress
 from typing import TYPE_CHECKING, Any, cast
@@ -35,10 +34,12 @@ from ._rebuild import flatten, make_builder
 __all__ = [
     "ARRAY",
     "InputRef",
+    "MixedOutput",
     "PyTreeDef",
     "mark_input_refs",
     "STATIC_MASK",
     "FROZEN_NODE_TYPES",
+    "CONCRETE",
     "clear_leaf_kinds",
     "flatten",
     "STATIC",
@@ -48,9 +49,8 @@ __all__ = [
     "interleave",
     "is_dynamic_leaf",
     "is_module_type",
+    "is_namedtuple_node",
     "kind_of_type",
-    "ModulePart",
-    "Step",
     "leaf_kinds",
     "shape_signature",
     "split",
@@ -89,11 +89,11 @@ kind_of_type = _KIND_BY_TYPE.get
 # A `bytes.translate` table over a kinds mask: 1 where the leaf is static.
 STATIC_MASK = bytes.maketrans(b"\x00\x01\x02", b"\x01\x00\x00")
 # The kinds of a traced output's leaves once it has left the trace: concrete.
-_CONCRETE = bytes.maketrans(b"\x02", b"\x01")
+CONCRETE = bytes.maketrans(b"\x02", b"\x01")
 
 # Pytree node types (besides Modules, tuples, namedtuples and `None`) whose
-# instances never change their children after construction: a tree made only of
-# these flattens the same way for as long as it lives (see `StaticPart.frozen`).
+# instances never change their children after construction (`filter_jit`
+# remembers trees made of these by identity).
 FROZEN_NODE_TYPES: set[type] = set()
 
 
@@ -157,12 +157,9 @@ class StaticPart:
     __slots__ = (
         "__weakref__",
         "_build",
-        "_frozen",
-        "_guard_paths",
         "_hash",
         "_input_refs",
         "_merges",
-        "_module_parts",
         "mask",
         "static",
         "treedef",
@@ -176,9 +173,6 @@ class StaticPart:
         self._build: Callable[[Sequence[Any]], Any] | None = None
         self._merges = 0
         self._input_refs: tuple[int, ...] | None = None
-        self._frozen: bool | None = None
-        self._guard_paths: tuple[tuple[Step, ...], ...] | None | bool = False
-        self._module_parts: tuple[ModulePart, ...] | None = None
 
     def merge(self, dynamic: Iterable[Any]) -> Any:
         """The tree, with `dynamic` in place of its dynamic leaves."""
@@ -232,62 +226,6 @@ class StaticPart:
     def num_dynamic(self) -> int:
         return len(self.mask) - len(self.static)
 
-    def interned(self) -> StaticPart:
-        """The one `StaticPart` equal to this one that `interned` returns while
-        it lives: equal parts made apart (an argument flattened, the same
-        structure rebuilt from an output) then compare by identity."""
-        # Keyed by the contents, not the part: the key is held strongly.
-        contents = (self.treedef, self.mask, self.static, tuple(map(type, self.static)))
-        try:
-            canonical = _INTERNED.get(contents)
-        except (TypeError, ValueError):
-            # Static values that cannot be compared (an array in a static
-            # field, which warned when the Module was built): not interned.
-            return self
-        if canonical is None:
-            _INTERNED[contents] = canonical = self
-        return canonical
-
-    def frozen(self) -> bool:
-        """Whether every node of the structure is immutable (a Module, a tuple
-        or namedtuple, `None`, or a type in `FROZEN_NODE_TYPES`): then a tree
-        of this structure keeps it, and its leaves, for as long as it lives.
-        Worked out once."""
-        if self._frozen is None:
-            self._frozen = _frozen_nodes(self.treedef)
-        return self._frozen
-
-    def guard_paths(self) -> tuple[tuple[Step, ...], ...] | None:
-        """Where a tree of this structure holds lists and dicts, the only
-        mutable nodes it may have for its flattening to be remembered: one
-        path of `(is_attribute, key)` steps from the root to each (see
-        `_jit/_memo`), in flattening order. `None` when the structure holds
-        another node type that is not immutable. Worked out once."""
-        if self._guard_paths is False:
-            found: list[tuple[Step, ...]] = []
-            self._guard_paths = (
-                tuple(found) if _mutable_node_paths(self.treedef, (), found) else None
-            )
-        return self._guard_paths  # type: ignore[return-value]
-
-    def rememberable(self) -> bool:
-        """Whether a tree of this structure flattens the same way for as long
-        as its lists and dicts keep the very same items: `frozen`, or with
-        lists and dicts among its nodes as only mutable ones."""
-        return self.frozen() or self.guard_paths() is not None
-
-    def module_parts(self) -> tuple[ModulePart, ...]:
-        """The outermost Modules of rememberable structure (see
-        `rememberable`) in a tree of this structure, found through its tuples, lists, dicts and namedtuples: for
-        each, where it is and its own `StaticPart`, with traced leaves counted
-        as the concrete arrays they become outside the trace. Worked out
-        once."""
-        if self._module_parts is None:
-            found: list[ModulePart] = []
-            _find_module_parts(self, self.treedef, (), 0, 0, found)
-            self._module_parts = tuple(found)
-        return self._module_parts
-
     def __hash__(self) -> int:
         if self._hash is None:
             self._hash = hash(
@@ -318,28 +256,6 @@ class StaticPart:
 
 jtu.register_pytree_node(StaticPart, lambda part: ((), part), lambda part, _: part)
 
-_INTERNED: weakref.WeakValueDictionary[tuple, StaticPart] = (
-    weakref.WeakValueDictionary()
-)
-
-
-class ModulePart:
-    """A Module inside a tree: the keys that lead to it from the root (tuple
-    and list indices, dict keys), the range of its dynamic leaves among the
-    tree's, and its own `StaticPart`."""
-
-    __slots__ = ("dynamic_range", "part", "path")
-
-    def __init__(self, path: tuple[Any, ...], dynamic_range: slice, part: StaticPart):
-        self.path = path
-        self.dynamic_range = dynamic_range
-        self.part = part
-
-    def find(self, tree: Any) -> Any:
-        for key in self.path:
-            tree = tree[key]
-        return tree
-
 
 def is_module_type(cls: type) -> bool:
     """Whether `cls` is a registered filterax Module class (duck-typed, so that
@@ -348,100 +264,10 @@ def is_module_type(cls: type) -> bool:
     return plan is not None and plan.registered
 
 
-def _is_namedtuple_node(cls: type, aux: Any) -> bool:
+def is_namedtuple_node(cls: type, aux: Any) -> bool:
     """Whether a treedef node of type `cls` and node data `aux` is JAX's own
     namedtuple node (children: the items, in order)."""
     return issubclass(cls, tuple) and hasattr(cls, "_fields") and aux is None
-
-
-def _frozen_nodes(treedef: PyTreeDef) -> bool:
-    data = treedef.node_data()
-    if data is None:
-        return True
-    cls = data[0]
-    if not (
-        cls is tuple
-        or cls is type(None)
-        or cls in FROZEN_NODE_TYPES
-        or is_module_type(cls)
-        or _is_namedtuple_node(cls, data[1])
-    ):
-        return False
-    return all(map(_frozen_nodes, treedef.children()))
-
-
-# A step of a path into a tree: `(True, name)` reads attribute `name` (a
-# Module's field), `(False, key)` item `key` (of a tuple, list or dict).
-Step = tuple[bool, Any]
-
-
-def _mutable_node_paths(
-    treedef: PyTreeDef, path: tuple[Step, ...], found: list[tuple[Step, ...]]
-) -> bool:
-    """Appends to `found` the paths of the lists and dicts in `treedef`;
-    `False` when it holds a node that is neither immutable nor one of
-    those."""
-    data = treedef.node_data()
-    if data is None:
-        return True
-    cls, aux = data
-    children = treedef.children()
-    steps: Sequence[Step]
-    if cls is type(None):
-        return True
-    if is_module_type(cls):
-        steps = [(True, name) for name in cls.__filterax_plan__.data_fields]  # type: ignore[attr-defined]
-    elif cls is list or cls is tuple or _is_namedtuple_node(cls, aux):
-        if cls is list:
-            found.append(path)
-        steps = [(False, index) for index in range(len(children))]
-    elif cls is dict:
-        found.append(path)
-        steps = [(False, key) for key in aux]
-    elif cls in FROZEN_NODE_TYPES:
-        # How to reach its children is not known here: they must not change.
-        return all(map(_frozen_nodes, children))
-    else:
-        return False
-    return all(
-        _mutable_node_paths(child, (*path, step), found)
-        for step, child in zip(steps, children)
-    )
-
-
-def _find_module_parts(
-    whole: StaticPart,
-    treedef: PyTreeDef,
-    path: tuple[Any, ...],
-    leaf_start: int,
-    dynamic_start: int,
-    found: list[ModulePart],
-) -> None:
-    data = treedef.node_data()
-    if data is None:
-        return
-    cls, aux = data
-    if is_module_type(cls):
-        leaf_end = leaf_start + treedef.num_leaves
-        mask = whole.mask[leaf_start:leaf_end].translate(_CONCRETE)
-        static_start = leaf_start - dynamic_start
-        static = whole.static[static_start : static_start + mask.count(0)]
-        part = StaticPart(treedef, mask, static).interned()
-        if part.rememberable():
-            dynamic_end = dynamic_start + part.num_dynamic
-            found.append(ModulePart(path, slice(dynamic_start, dynamic_end), part))
-        return
-    if cls is dict:
-        keys: Sequence[Any] = aux
-    elif cls is list or cls is tuple or _is_namedtuple_node(cls, aux):
-        keys = range(len(treedef.children()))
-    else:  # another node type: how to reach its children is not known here
-        return
-    for key, child in zip(keys, treedef.children()):
-        _find_module_parts(whole, child, (*path, key), leaf_start, dynamic_start, found)
-        end = leaf_start + child.num_leaves
-        dynamic_start += end - leaf_start - whole.mask[leaf_start:end].count(0)
-        leaf_start = end
 
 
 def split(
@@ -473,7 +299,7 @@ def split_leaves(
     concrete arrays give the same `StaticPart`: a call under `grad` or
     `vmap` finds the compilation of the same call made outside."""
     static = tuple(compress(leaves, mask.translate(STATIC_MASK)))
-    concrete = mask.translate(_CONCRETE)
+    concrete = mask.translate(CONCRETE)
     return list(compress(leaves, mask)), StaticPart(treedef, concrete, static)
 
 
@@ -486,6 +312,24 @@ def split_by_kind(tree: Any) -> tuple[list[Any], StaticPart, bytes]:
     kinds = leaf_kinds(leaves)
     values, part = split_leaves(leaves, treedef, kinds)
     return values, part, kinds
+
+
+class MixedOutput:
+    """An output with non-array leaves as it leaves a trace: the array leaves
+    as its children, the output's `StaticPart` as static node data."""
+
+    __slots__ = ("arrays", "static")
+
+    def __init__(self, arrays: list[Any], static: StaticPart):
+        self.arrays = arrays
+        self.static = static
+
+
+jtu.register_pytree_node(
+    MixedOutput,
+    lambda out: ((out.arrays,), out.static),
+    lambda static, children: MixedOutput(children[0], static),
+)
 
 
 # --- Refs in outputs ----------------------------------------------------------------

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import filterax as fx
-from filterax._jit import _memo
+from filterax._jit import _describe as _memo
 
 BENCHMARK = "bench_dispatch"  # loaded by the `bench` fixture (conftest.py)
 

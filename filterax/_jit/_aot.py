@@ -17,12 +17,11 @@ import jax
 
 from .._compat import donation_warning_ignored
 from .._errors import runtime_error_from
-from .._split import shape_signature
+from .._split import MixedOutput, shape_signature
 from .._structure import differences_text
-from ._donate import DonateMode
-from ._groups import GroupOrder
-from ._keyed import CallKey, key_of_call
-from ._outputs import MixedOutput
+from ._compiled import rebuild
+from ._describe import CallKey, describe
+from ._policy import Policy
 
 __all__ = ["CallPlan", "CompiledCall", "Lowered"]
 
@@ -36,8 +35,7 @@ class CompiledArgumentsError(ValueError, TypeError):
 class CallPlan:
     """What a lowered call fixed: the static key, the arrays inside the
     function, how many argument arrays are the first argument's (told apart
-    when donating, see `Compiled`), and how the wrapper arranges a call
-    before passing it on."""
+    when donating), the `Policy`, and how the wrapper arranges a call."""
 
     __slots__ = (
         "arrange",
@@ -45,9 +43,8 @@ class CallPlan:
         "fun_dynamic",
         "key",
         "n_first",
-        "order",
+        "policy",
         "signature",
-        "silence",
     )
 
     def __init__(
@@ -55,31 +52,27 @@ class CallPlan:
         key: CallKey,
         fun_dynamic: list[Any],
         n_first: int,
-        mode: DonateMode,
-        order: GroupOrder,
+        policy: Policy,
         args: tuple,
         kwargs: dict,
-        dynamic: list[Any],
         arrange: Callable[[tuple, dict], tuple[tuple, dict]],
     ):
         self.arrange = arrange
         self.key = key
         self.fun_dynamic = fun_dynamic
         self.n_first = n_first
-        self.silence = mode.silences_warning
-        self.order = order
+        self.policy = policy
         self.example = shape_signature((args, kwargs))
-        self.signature = _signature(dynamic)
+        self.signature = _signature(describe(args, kwargs)[1])
 
-    def arguments(self, args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
-        """`(first argument's, others')` dynamic leaves of a call, checked
-        against the plan."""
+    def arguments(self, args: tuple, kwargs: dict) -> list[Any]:
+        """The dynamic leaves of a call, checked against the plan."""
         args, kwargs = self.arrange(args, kwargs)
-        dynamic: list[Any] = []
         try:
-            same = key_of_call(args, kwargs, dynamic, self.key) is self.key
+            key, leaves = describe(args, kwargs, self.key, self.fun_dynamic, True)
+            same, dynamic = key is self.key, leaves[len(self.fun_dynamic) :]
         except TypeError:  # an unhashable value where the plan has another
-            same = False
+            same, dynamic = False, []
         if not same or _signature(dynamic) != self.signature:
             called = shape_signature((args, kwargs))
             listing = differences_text(self.example, called, "(args, kwargs)")
@@ -89,7 +82,7 @@ class CallPlan:
                 "). Call it with the same structure, non-array values, shapes and "
                 "dtypes, or lower it again."
             )
-        return dynamic[: self.n_first], dynamic[self.n_first :]
+        return dynamic
 
     def with_first(self, first: Any) -> CallPlan:
         """This plan, for calls that leave out the first positional argument
@@ -99,15 +92,15 @@ class CallPlan:
         plan.arrange = lambda args, kwargs: arrange((first, *args), kwargs)
         return plan
 
-    def inputs(self, first: list[Any], rest: list[Any]) -> list[Any]:
+    def inputs(self, dynamic: list[Any]) -> list[Any]:
         """The traced inputs in the order that returned Refs are counted in
         (the function's arrays, then the arguments')."""
-        return [*self.fun_dynamic, *first, *rest]
+        return [*self.fun_dynamic, *dynamic]
 
-    def groups(self, first: list[Any], rest: list[Any]) -> tuple[list[Any], ...]:
-        """The arguments of the keyed body after its key (see `_groups`)."""
-        return self.order.keyed(
-            self.inputs(first, rest), len(self.fun_dynamic), len(first)
+    def groups(self, dynamic: list[Any]) -> tuple[list[Any], ...]:
+        """The arguments of the keyed body after its key (see `Policy`)."""
+        return self.policy.keyed(
+            self.inputs(dynamic), len(self.fun_dynamic), self.n_first
         )
 
 
@@ -157,7 +150,7 @@ class Lowered:
         **Returns:** a callable taking the same arguments as the `filter_jit`
         function.
         """
-        with donation_warning_ignored(self._plan.silence):
+        with donation_warning_ignored(self._plan.policy.silences):
             compiled = self.lowered.compile(compiler_options=compiler_options)
         return CompiledCall(compiled, self._plan)
 
@@ -205,17 +198,17 @@ class CompiledCall:
         self._plan = plan
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        first, rest = self._plan.arguments(args, kwargs)
-        with donation_warning_ignored(self._plan.silence):
+        dynamic = self._plan.arguments(args, kwargs)
+        with donation_warning_ignored(self._plan.policy.silences):
             try:
-                out = self.compiled(*self._plan.groups(first, rest))
+                out = self.compiled(*self._plan.groups(dynamic))
             except Exception as error:
                 translated = runtime_error_from(error)
                 if translated is None:
                     raise
                 raise translated from None
         if out.__class__ is MixedOutput:
-            return out.rebuild(lambda: self._plan.inputs(first, rest))
+            return rebuild(out, lambda: self._plan.inputs(dynamic))
         return out
 
     def __getattr__(self, name: str) -> Any:

@@ -1,5 +1,5 @@
-"""`filter_jit` and the wrapper it returns; see the folder's `__init__` for the
-two routes a call takes."""
+"""`filter_jit` and `JitWrapper`, the one wrapper it returns; see the folder's
+`__init__` for the two routes a call takes."""
 
 from __future__ import annotations
 
@@ -17,151 +17,165 @@ from .._errors import runtime_error_from
 from .._filters import is_array
 from .._mapping._shard import mesh_context
 from .._module import FunctionWrapper
-from .._split import flatten, is_module_type
+from .._split import STATIC, MixedOutput, flatten, is_module_type, leaf_kinds
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
 from .._warnings import FilteraxWarning
 from ._aot import CallPlan, Lowered
-from ._compiled import Compiled, compiled_for
-from ._direct import PENDING, Fallback, fallback_for
-from ._donate import (
-    Donate,
-    DonateMode,
-    restore_warnings,
-    silencing_depth,
-)
-from ._keyed import first_argument_leaf_count, key_of_call, raise_if_unhashable
-from ._layout import KEYED_CALL, Layout
-from ._outputs import MixedOutput
+from ._compiled import REROUTE, Compiled, compiled_for, rebuild
+from ._describe import describe, first_argument_leaf_count, raise_if_unhashable
+from ._layout import Layout, on_auto_mesh
+from ._policy import Donate, Policy, restore_warnings, silencing_depth
 
 __all__ = ["JitWrapper", "filter_jit"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def holds_module(values: tuple) -> bool:
+def _holds_module(values: tuple) -> bool:
     """Whether a Module is among `values`, or inside tuples among them."""
     for value in values:
         if is_module_type(type(value)) or (
-            type(value) is tuple and holds_module(value)
+            type(value) is tuple and _holds_module(value)
         ):
             return True
     return False
 
 
 class JitWrapper(FunctionWrapper):
-    """What `filter_jit` returns (for `donate="none"` and `"warn"`; subclasses
-    handle the other modes and shardings).
+    """What `filter_jit` returns: one class for every donation mode and
+    sharding, its `Policy` built once.
 
     A `FunctionWrapper`: its child is the wrapped function (a Module
-    contributes its arrays), its options the donation mode and the shared
+    contributes its arrays), its options the `Policy` and the shared
     `Compiled`. A copy made by unflattening finds its `Compiled` again from
-    the function it holds: the same one, sharing the compiled code, when only
-    arrays changed; another when the function did (`tree_at` replacing a
-    Module's activation, say).
+    the function it holds: the same one when only arrays changed; another
+    when the function did (`tree_at` replacing a Module's activation, say).
     """
 
     _transform_name = "filter_jit"
 
     def __init__(
-        self,
-        fun: Callable[..., Any],
-        mode: DonateMode,
-        known: Compiled | None = None,
-        layout: Layout | None = None,
+        self, fun: Callable[..., Any], policy: Policy, known: Compiled | None = None
     ):
-        compiled, self.fun_dynamic = compiled_for(fun, mode, known, layout)
-        super().__init__(fun, (mode, compiled))
-        self.mode = mode
+        compiled, self.fun_dynamic = compiled_for(fun, policy, known)
+        super().__init__(fun, (policy, compiled))
+        self.policy = policy
         self.compiled = compiled
-        self.donates = mode.donates
 
     @classmethod
     def _from_options(cls, fun: Callable[..., Any], options: tuple) -> JitWrapper:
-        mode, compiled = options
-        return cls(fun, mode, compiled)
-
-    def _arrange(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-        """The call as this wrapper passes it on (the same, but for the
-        `*-except-first` modes). Only called when no argument is positional."""
-        return args, kwargs
+        policy, compiled = options
+        return cls(fun, policy, compiled)
 
     @traceback_boundary
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        if not args and kwargs:
-            args, kwargs = self._arrange(args, kwargs)
         try:
-            if self.compiled.direct_ok is False:
-                return self._call_keyed(args, kwargs)
-            return self._call(args, kwargs)
+            if self.policy.plain:
+                return self._call(args, kwargs)
+            return self._call_with_policy(args, kwargs)
         except Exception as error:
             translated = runtime_error_from(error)
             if translated is None:
                 raise
             raise translated from None
 
+    def _call_with_policy(self, args: tuple, kwargs: dict) -> Any:
+        """A call with donation warnings silenced, the first argument kept or
+        shardings applied."""
+        policy = self.policy
+        if not args and kwargs:
+            args, kwargs = self._arrange(args, kwargs)
+        depth = silencing_depth()
+        try:
+            layout = policy.layout
+            if layout is None:
+                return self._call(args, kwargs)
+            mesh = layout.explicit_mesh
+            if mesh is not None and jax.sharding.get_abstract_mesh().empty:
+                with mesh_context(mesh):
+                    return self._call(*layout.place(args, kwargs))
+            return self._call(*layout.place(args, kwargs))
+        finally:
+            restore_warnings(depth)
+
     def _call(self, args: tuple, kwargs: dict) -> Any:
         compiled = self.compiled
         direct = compiled.direct_ok
         if direct is None:
-            # The first call picks the route. Arguments holding Modules take
-            # the keyed one: a Module is flattened once and then found by
-            # identity (`_memo`), cheaper than JAX flattening it on every call.
-            direct = compiled.direct_ok = not holds_module((*args, *kwargs.values()))
-        groups = (
-            compiled.order.direct(self.fun_dynamic, args, kwargs) if direct else None
-        )
-        if groups is None:
-            return self._call_keyed(args, kwargs)
-        PENDING.call = (args, kwargs)
-        try:
-            out = compiled.direct(*groups)
-        except Exception as error:
-            fallback = fallback_for(error)
-            if fallback is None:
-                raise
-        except BaseException:
-            PENDING.call = None
-            raise
-        else:
-            PENDING.call = None
-            if out.__class__ is MixedOutput:
-                return out.rebuild(lambda: flatten((self.fun_dynamic, args, kwargs))[0])
-            return out
-        # Out of the `except` block, so that errors raised from here on are
-        # not chained to the one that sent the call here.
-        if fallback is Fallback.KEYED:
-            compiled.direct_ok = False
-            return self._call_keyed(args, kwargs)
-        out = self._call_keyed(args, kwargs)
-        compiled.direct_ok = False
-        return out
+            # The first call picks the route: arguments holding Modules or
+            # non-array leaves take the keyed one (a Module is flattened once
+            # and then found by identity, cheaper than JAX flattening it).
+            # Arrays on an `Auto` mesh take it too, their shardings in the key.
+            leaves = flatten((args, kwargs))[0]
+            if self.policy.layout is None and on_auto_mesh(leaves):
+                compiled.with_shardings = True
+            direct = compiled.direct_ok = not (
+                compiled.with_shardings
+                or _holds_module((*args, *kwargs.values()))
+                or STATIC in leaf_kinds(leaves)
+            )
+        if direct:
+            groups = self.policy.direct(self.fun_dynamic, args, kwargs)
+            if groups is not None:
+                out: Any
+                try:
+                    out = compiled.direct(*groups)
+                except Exception:
+                    # JAX rejected a leaf that is no array (a string, an int
+                    # too large): the keyed route makes it static.
+                    if STATIC not in leaf_kinds(flatten((args, kwargs))[0]):
+                        raise
+                    out = REROUTE
+                if out is not REROUTE:
+                    if out.__class__ is MixedOutput:
+                        return rebuild(
+                            out, lambda: flatten((self.fun_dynamic, args, kwargs))[0]
+                        )
+                    return out
+                compiled.direct_ok = False
+        return self._call_keyed(args, kwargs)
 
     def _call_keyed(self, args: tuple, kwargs: dict) -> Any:
         compiled = self.compiled
         last = compiled.last_call
-        # The function's own arrays first, then the arguments' (see `_groups`).
-        leaves = [*self.fun_dynamic]
         try:
-            key = key_of_call(args, kwargs, leaves, last)
+            key, leaves = describe(
+                args, kwargs, last, self.fun_dynamic, compiled.with_shardings
+            )
         except Exception:
             raise_if_unhashable(args, kwargs)
             raise
         if key is not last:
             compiled.last_call = key
-        # Read by the body only when JAX traces (see `_layout.KEYED_CALL`).
-        KEYED_CALL.call = (args, kwargs)
-        try:
-            if self.donates:
-                n_first = first_argument_leaf_count(key, args) if args else 0
-                groups = compiled.order.keyed(leaves, len(self.fun_dynamic), n_first)
-                out = compiled.keyed(key, *groups)
-            else:
-                out = compiled.keyed(key, leaves)  # the one group (see `_groups`)
-        finally:
-            KEYED_CALL.call = None
+        policy = self.policy
+        if policy.donates:
+            n_first = first_argument_leaf_count(key, args) if args else 0
+            out = compiled.keyed(
+                key, *policy.keyed(leaves, len(self.fun_dynamic), n_first)
+            )
+        else:
+            out = compiled.keyed(key, leaves)
         if out.__class__ is MixedOutput:
-            return out.rebuild(lambda: leaves)
+            return rebuild(out, lambda: leaves)
+        if out is REROUTE:
+            # On an `Auto` mesh: keys carry the leaves' shardings from now on.
+            compiled.with_shardings = True
+            return self._call_keyed(args, kwargs)
         return out
+
+    def _arrange(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        """For the `*-except-first` modes, a call given by keyword only: the
+        function's first parameter, if given, moved to the front (passed by
+        position, so that it is kept all the same)."""
+        if args or not kwargs or not self.policy.except_first:
+            return args, kwargs
+        name = self.__dict__.get("_first_parameter", _ABSENT)
+        if name is _ABSENT:
+            name = self._first_parameter = _first_parameter_name(self.fun)
+        if name is None or name not in kwargs:
+            return args, kwargs
+        rest = dict(kwargs)
+        return (rest.pop(name),), rest
 
     def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
         """Lowers `fun(*args, **kwargs)` ahead of time, without running it.
@@ -188,56 +202,35 @@ class JitWrapper(FunctionWrapper):
 
         ```
         """
+        layout = self.policy.layout
+        mesh = None if layout is None else layout.explicit_mesh
+        if mesh is not None and jax.sharding.get_abstract_mesh().empty:
+            with mesh_context(mesh):
+                return self._lower(args, kwargs)
+        return self._lower(args, kwargs)
+
+    def _lower(self, args: tuple, kwargs: dict) -> Lowered:
         args, kwargs = self._arrange(args, kwargs)
         depth = silencing_depth()
         try:
-            dynamic: list[Any] = []
             try:
-                key = key_of_call(args, kwargs, dynamic, None)
+                key, leaves = describe(args, kwargs, None, self.fun_dynamic, True)
             except TypeError:
                 raise_if_unhashable(args, kwargs)
                 raise
+            policy = self.policy
             n_first = (
-                first_argument_leaf_count(key, args) if args and self.donates else 0
+                first_argument_leaf_count(key, args) if args and policy.donates else 0
             )
-            first, rest = dynamic[:n_first], dynamic[n_first:]
             plan = CallPlan(
-                key,
-                self.fun_dynamic,
-                n_first,
-                self.mode,
-                self.compiled.order,
-                args,
-                kwargs,
-                dynamic,
-                self._arrange,
+                key, self.fun_dynamic, n_first, policy, args, kwargs, self._arrange
             )
-            KEYED_CALL.call = (args, kwargs)
-            with donation_warning_ignored(self.mode.silences_warning):
-                lowered = self.compiled.keyed.lower(key, *plan.groups(first, rest))
+            with donation_warning_ignored(policy.silences):
+                dynamic = leaves[len(self.fun_dynamic) :]
+                lowered = self.compiled.keyed.lower(key, *plan.groups(dynamic))
         finally:
-            KEYED_CALL.call = None
             restore_warnings(depth)
         return Lowered(lowered, plan)
-
-
-class _ExceptFirstJitWrapper(JitWrapper):
-    """For `donate="warn-except-first"`: the first argument is passed apart, so
-    that it is not donated. A first argument passed by keyword is passed by
-    position instead, so that it is kept all the same."""
-
-    def _arrange(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-        """A call given by keyword only, with the function's first parameter
-        moved to the front if it was given."""
-        if args or not kwargs:
-            return args, kwargs
-        name = self.__dict__.get("_first_parameter", _ABSENT)
-        if name is _ABSENT:
-            name = self._first_parameter = _first_parameter_name(self.fun)
-        if name is None or name not in kwargs:
-            return args, kwargs
-        rest = dict(kwargs)
-        return (rest.pop(name),), rest
 
 
 _ABSENT = object()
@@ -253,74 +246,6 @@ def _first_parameter_name(fun: Callable[..., Any]) -> str | None:
     if parameters and parameters[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
         return parameters[0].name
     return None
-
-
-class _SilencingMixin(JitWrapper):
-    """For `donate="all"` and `"all-except-first"`: undoes, once the call
-    returns, the warning filter that tracing installed."""
-
-    @traceback_boundary
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        depth = silencing_depth()
-        try:
-            return super().__call__(*args, **kwargs)
-        finally:
-            restore_warnings(depth)
-
-
-class _SilencingJitWrapper(_SilencingMixin, JitWrapper):
-    pass
-
-
-class _SilencingExceptFirstJitWrapper(_SilencingMixin, _ExceptFirstJitWrapper):
-    pass
-
-
-_WRAPPER_TYPES: dict[DonateMode, type[JitWrapper]] = {
-    DonateMode.NONE: JitWrapper,
-    DonateMode.WARN: JitWrapper,
-    DonateMode.ALL: _SilencingJitWrapper,
-    DonateMode.WARN_EXCEPT_FIRST: _ExceptFirstJitWrapper,
-    DonateMode.ALL_EXCEPT_FIRST: _SilencingExceptFirstJitWrapper,
-}
-
-
-class _ShardedMixin(JitWrapper):
-    """For a `filter_jit` given `in_shardings` or `out_shardings` (its
-    `Compiled` has a layout): arrays not yet committed to devices are placed
-    before the call (see `_layout`). A subclass, so that calls without
-    shardings pay nothing for it."""
-
-    @traceback_boundary
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        layout: Layout = self.compiled.layout  # type: ignore[assignment]
-        mesh = layout.explicit_mesh
-        if mesh is not None and jax.sharding.get_abstract_mesh().empty:
-            with mesh_context(mesh):
-                args, kwargs = layout.place(args, kwargs)
-                return super().__call__(*args, **kwargs)
-        args, kwargs = layout.place(args, kwargs)
-        return super().__call__(*args, **kwargs)
-
-    def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
-        layout: Layout = self.compiled.layout  # type: ignore[assignment]
-        mesh = layout.explicit_mesh
-        if mesh is not None and jax.sharding.get_abstract_mesh().empty:
-            with mesh_context(mesh):
-                return super().lower(*args, **kwargs)
-        return super().lower(*args, **kwargs)
-
-    lower.__doc__ = JitWrapper.lower.__doc__
-
-
-# Every subclass is a pytree from its definition on (see `FunctionWrapper`).
-_SHARDED_TYPES: dict[type[JitWrapper], type[JitWrapper]] = {
-    base: type(f"_Sharded{base.__name__.lstrip('_')}", (_ShardedMixin, base), {})
-    for base in dict.fromkeys(_WRAPPER_TYPES.values())
-}
-_SHARDED_WRAPPER_TYPES: dict[DonateMode, type[JitWrapper]] = {
-    mode: _SHARDED_TYPES[base] for mode, base in _WRAPPER_TYPES.items()
-}
 
 
 @overload
@@ -434,10 +359,10 @@ def filter_jit(
 
     ```
     """
-    mode = DonateMode.parse(donate)
     layout = None
     if in_shardings is not None or out_shardings is not None:
         layout = Layout(in_shardings, out_shardings)
+    policy = Policy(donate, layout)
     if fun is None:
         return functools.partial(
             filter_jit,
@@ -449,9 +374,7 @@ def filter_jit(
         raise TypeError(f"filter_jit: expected a callable, got {fun!r}.")
     if type(fun) in TRANSFORM_TYPES:
         _warn_if_it_hides_a_module(fun)
-    if layout is None:
-        return _WRAPPER_TYPES[mode](fun, mode)
-    return _SHARDED_WRAPPER_TYPES[mode](fun, mode, None, layout)
+    return JitWrapper(fun, policy)
 
 
 def _warn_if_it_hides_a_module(fun: Any) -> None:

@@ -32,7 +32,7 @@ from .._caches import register_cache_clearer
 from .._compat import traceback_boundary
 from .._filters import is_ref
 from .._module import FunctionWrapper
-from .._split import StaticPart, split
+from .._split import MixedOutput, StaticPart, split
 from .._structure import path_text
 from ._axes import flatten_spec_prefix, specs_for_leaves
 
@@ -121,24 +121,6 @@ class _Plan:
 
     def __hash__(self) -> int:
         return self._hash
-
-
-class _Output:
-    """The arrays of the mapped function's output (children) and its
-    `StaticPart` (static node data), as they leave `_run`."""
-
-    __slots__ = ("arrays", "static")
-
-    def __init__(self, arrays: list[Any], static: StaticPart):
-        self.arrays = arrays
-        self.static = static
-
-
-jtu.register_pytree_node(
-    _Output,
-    lambda out: ((out.arrays,), out.static),
-    lambda static, children: _Output(children[0], static),
-)
 
 
 def _mesh_shape(mesh: Any) -> dict[Any, int]:
@@ -237,7 +219,7 @@ def _mapped_body(
     return body
 
 
-def _run_mapped(plan: _Plan, fun_dynamic: list[Any], dynamic: list[Any]) -> _Output:
+def _run_mapped(plan: _Plan, fun_dynamic: list[Any], dynamic: list[Any]) -> MixedOutput:
     mesh = plan.mesh if plan.mesh is not None else jax.sharding.get_abstract_mesh()
     sizes = _mesh_shape(mesh)
     fun_specs = [_REPLICATED] * len(fun_dynamic)
@@ -256,7 +238,7 @@ def _run_mapped(plan: _Plan, fun_dynamic: list[Any], dynamic: list[Any]) -> _Out
         check_vma=plan.check_vma,
     )
     arrays = mapped(fun_dynamic, dynamic)
-    return _Output(arrays, statics[0])
+    return MixedOutput(arrays, statics[0])
 
 
 # One `jax.jit` for every call: its static argument, the plan, keys the cache.

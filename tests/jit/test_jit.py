@@ -1249,3 +1249,15 @@ def test_a_static_argument_whose_eq_raises_is_named_by_its_key_path():
     with pytest.raises(TypeError, match=r"args\[1\] is a static Incomparable whose"):
         add_one(jnp.ones(2), Incomparable())
         add_one(jnp.ones(2), Incomparable())
+
+
+def test_a_call_sent_to_the_keyed_route_keeps_its_donated_arrays() -> None:
+    # The direct trace that hands a Python scalar to the keyed route uses none
+    # of its inputs, so JAX prunes them and donates nothing before the keyed
+    # call runs.
+    scale = fx.filter_jit(lambda x, y: x * y, donate="all")
+    scale(jnp.ones(3), jnp.ones(3))
+    x = jnp.full(3, 2.0)
+    assert scale(x, 3.0).tolist() == [6.0, 6.0, 6.0]
+    assert scale.compiled.direct_ok is False
+    assert scale(jnp.full(3, 2.0), 4.0).tolist() == [8.0, 8.0, 8.0]

@@ -15,14 +15,13 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 import filterax as fx
-from filterax._jit._keyed import CallKey, key_of_call, unpack_key
+from filterax._jit._describe import CallKey, describe, unpack_key
 from filterax._split import STATIC_MASK, flatten, leaf_kinds
 
 
 def _describe(args: tuple, kwargs: dict, last: CallKey | None = None) -> tuple:
     """`(tokens, dynamic leaves, keyword names)` of a call."""
-    dynamic: list = []
-    key = key_of_call(args, kwargs, dynamic, last)
+    key, dynamic = describe(args, kwargs, last)
     return key.tokens, dynamic, key.names
 
 

@@ -1,4 +1,4 @@
-"""The keyed route's call description and its identity memo (`_keyed`, `_memo`):
+"""The keyed route's call description and its identity memo (`_describe`):
 what is remembered, that it is never stale, never keeps objects alive, and that
 every way of describing one call gives the same key (one trace per
 compilation)."""
@@ -16,19 +16,18 @@ import optax
 import pytest
 
 import filterax as fx
-from filterax._jit import _keyed, _memo
-from filterax._jit._keyed import (
+from filterax._jit import _describe as _memo
+from filterax._jit._describe import (
     CallKey,
+    describe,
     first_argument_leaf_count,
-    key_of_call,
     unpack_key,
 )
 
 
 def _describe(args: tuple, kwargs: dict, last: CallKey | None = None) -> tuple:
     """`(tokens, dynamic leaves, keyword names)` of a call."""
-    dynamic: list = []
-    key = key_of_call(args, kwargs, dynamic, last)
+    key, dynamic = describe(args, kwargs, last)
     return key.tokens, dynamic, key.names
 
 
@@ -376,9 +375,9 @@ def test_a_list_of_layers_with_static_functions_is_not_flattened_again(
     forward: Any = fx.filter_jit(lambda m, x: [layer(x) for layer in m.weights][-1])
     forward(model, jnp.ones(2))
     flattened: list[Any] = []
-    real_split = _keyed.split_by_kind
+    real_split = _memo.split_by_kind
     monkeypatch.setattr(
-        _keyed,
+        _memo,
         "split_by_kind",
         lambda tree: flattened.append(tree) or real_split(tree),
     )

@@ -17,6 +17,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import filterax as fx
+from filterax._jit import JitWrapper
 
 AXIS_TYPES = [AxisType.Auto, AxisType.Explicit]
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -200,10 +201,16 @@ def test_a_copy_made_by_unflattening_keeps_the_shardings():
     assert copy(jnp.zeros(8)).sharding == rows
 
 
-def test_calls_without_shardings_use_the_plain_wrapper():
-    # Sharded wrappers are a subclass: plain calls pay nothing for them.
-    assert type(fx.filter_jit(jnp.sin)).__name__ == "JitWrapper"
-    assert type(fx.filter_jit(jnp.sin, out_shardings=P())).__name__ != "JitWrapper"
+def test_one_wrapper_class_with_its_policy_built_once():
+    # Every mode and sharding is one class; calls without shardings, silencing
+    # or a kept first argument take the plain path.
+    wrappers = [
+        fx.filter_jit(jnp.sin),
+        fx.filter_jit(jnp.sin, out_shardings=P()),
+        fx.filter_jit(jnp.sin, donate="all-except-first"),
+    ]
+    assert {type(wrapper) for wrapper in wrappers} == {JitWrapper}
+    assert [wrapper.policy.plain for wrapper in wrappers] == [True, False, False]
 
 
 @pytest.mark.parametrize("kind", AXIS_TYPES)
