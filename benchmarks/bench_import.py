@@ -46,7 +46,11 @@ print(middle - start, end - middle)
 def _run(extra: str, env: dict[str, str]) -> tuple[float, float]:
     code = _PROBE.format(root=str(ROOT), extra=extra)
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     return float(out[0]), float(out[1])
 

@@ -36,6 +36,7 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Sequence
+from gc import disable as _pause_collector, enable as _resume_collector, isenabled
 from typing import Any
 
 import jax
@@ -277,8 +278,19 @@ def rebuild(out: MixedOutput, inputs: Callable[[], Sequence[Any]]) -> Any:
     """The output a `MixedOutput` stands for; `inputs()` gives the flattened
     traced inputs of the call, needed only when it returns input Refs. Its
     Modules are remembered (see `_describe`)."""
-    tree = out.static.merge_restoring_refs(out.arrays, inputs)
-    remember_outputs(tree, out.static, out.arrays)
+    # The collector waits while a step's new Modules are built: the caller
+    # frees the old ones right after, so its count of new objects falls back
+    # before it would start a collection (left running, `bench_training_loop`
+    # measured an Adam step 42% slower, mostly in full collections).
+    running = isenabled()
+    if running:
+        _pause_collector()
+    try:
+        tree = out.static.merge_restoring_refs(out.arrays, inputs)
+        remember_outputs(tree, out.static, out.arrays)
+    finally:
+        if running:
+            _resume_collector()
     return tree
 
 

@@ -491,12 +491,16 @@ _ENTRIES: dict[int, _Entry] = {}
 lookup = _ENTRIES.get
 
 
-def _drop(entry: Any, tables: tuple[dict, ...] = (_ENTRIES, _FACTS)) -> None:
+def _drop(entry: Any, entries: dict = _ENTRIES, facts: dict = _FACTS) -> None:
     # The tables bound here: at interpreter exit the module's globals may be
-    # gone before the last objects die.
-    for table in tables:
-        if table.get(entry.key) is entry:
-            table.pop(entry.key, None)
+    # gone before the last objects die. No loop: this runs as a step's old
+    # Modules die, right after the collector resumed (see `_compiled.rebuild`),
+    # and an iterator would be a new tracked object, starting a collection.
+    key = entry.key
+    if entries.get(key) is entry:
+        entries.pop(key, None)
+    if facts.get(key) is entry:
+        facts.pop(key, None)
 
 
 def remember(obj: Any, part: StaticPart, dynamic: list[Any]) -> None:
