@@ -93,3 +93,28 @@ def test_threads_rebuilding_at_once_leave_the_collector_running() -> None:
         thread.join()
     assert errors == []
     assert gc.isenabled()
+
+
+def test_a_loop_that_replaces_its_outputs_starts_no_collection() -> None:
+    # Each call builds 400 Modules (past the collector's threshold of 700 new
+    # objects with their dictionaries) while the previous call's are alive;
+    # rebinding frees those, and nothing allocated in between may start a
+    # collection (a `for` loop in a weak-reference callback once did).
+    x = jnp.ones(2)
+    out = tagged(x, 400)
+    out = tagged(x, 400)
+    collections: list[int] = []
+
+    def count(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        for _ in range(20):
+            out = tagged(x, 400)
+    finally:
+        gc.callbacks.remove(count)
+    assert out[1][399].index == 399
+    assert collections == []
