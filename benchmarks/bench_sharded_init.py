@@ -48,9 +48,9 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 import filterax as fx  # noqa: E402
-from filterax._filters import is_array  # noqa: E402
 from filterax._sharding._init import _plan  # noqa: E402
-from filterax._split import split  # noqa: E402
+from filterax._tree._filters import is_array  # noqa: E402
+from filterax._tree._split import split  # noqa: E402
 
 RULES = {"stack": None, "out": "model", "in": None}
 STAGES = 8

@@ -8,8 +8,8 @@ from importlib.metadata import (
 
 from ._missing import missing_name_error as _missing_name_error
 
-# --- filters (_filters.py) ---
-from ._filters import (
+# --- filters (_tree/_filters.py) ---
+from ._tree._filters import (
     combine as combine,
     filter as filter,
     is_array as is_array,
@@ -44,15 +44,15 @@ from ._module import (
     static_field as static_field,
 )
 
-# --- tree utilities (_tree.py, _pretty.py, _update.py) ---
+# --- tree utilities (_tree/_utilities.py, _pretty.py, _update.py) ---
 from ._pretty import tree_pformat as tree_pformat, tree_pprint as tree_pprint
-from ._structure import (
+from ._tree._structure import (
     TreeDifference as TreeDifference,
     tree_check as tree_check,
     tree_diff as tree_diff,
     tree_flatten_one_level as tree_flatten_one_level,
 )
-from ._tree import tree_at as tree_at, tree_equal as tree_equal
+from ._tree._utilities import tree_at as tree_at, tree_equal as tree_equal
 from ._update import apply_updates as apply_updates
 
 # --- differentiation (_ad/) ---

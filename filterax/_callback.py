@@ -8,9 +8,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._filters import is_array
-from ._split import split
-from ._structure import tree_diff
+from ._tree._filters import is_array
+from ._tree._split import split
+from ._tree._structure import tree_diff
 
 __all__ = ["filter_pure_callback"]
 

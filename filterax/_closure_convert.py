@@ -12,8 +12,8 @@ from jax.core import eval_jaxpr
 from ._compat import same_structure, traceback_boundary
 from ._eval_shape import is_shaped, traced_call
 from ._module import Module, field
-from ._split import StaticPart, split
-from ._structure import differences_text
+from ._tree._split import StaticPart, split
+from ._tree._structure import differences_text
 
 __all__ = ["filter_closure_convert"]
 

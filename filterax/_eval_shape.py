@@ -10,8 +10,8 @@ import jax.tree_util as jtu
 from jax.core import Tracer
 
 from ._compat import traceback_boundary
-from ._filters import is_array, is_ref
-from ._split import StaticPart, split
+from ._tree._filters import is_array, is_ref
+from ._tree._split import StaticPart, split
 
 __all__ = ["filter_eval_shape", "is_shaped"]
 

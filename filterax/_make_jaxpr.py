@@ -10,7 +10,7 @@ import jax
 
 from ._compat import traceback_boundary
 from ._eval_shape import is_shaped, traced_call
-from ._split import StaticPart, interleave, split
+from ._tree._split import StaticPart, interleave, split
 
 __all__ = ["filter_make_jaxpr"]
 

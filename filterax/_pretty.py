@@ -22,8 +22,8 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._filters import is_ref
-from ._structure import array_text
+from ._tree._filters import is_ref
+from ._tree._structure import array_text
 
 __all__ = ["tree_pformat", "tree_pprint"]
 

@@ -8,8 +8,8 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._ad._nondiff import NonDifferentiable
-from ._filters import is_array, is_array_like, is_ref
-from ._structure import path_text, prefix_difference
+from ._tree._filters import is_array, is_array_like, is_ref
+from ._tree._structure import path_text, prefix_difference
 from ._typing import PyTree
 
 __all__ = ["apply_updates"]

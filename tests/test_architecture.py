@@ -163,7 +163,7 @@ def test_every_folder_says_what_it_holds_and_may_import(name):
 
 def _folder_of(module: str) -> str | None:
     """The part of `filterax` a module belongs to: `_module` for
-    `filterax._module._field`, `_tree` for `filterax._tree`."""
+    `filterax._module._field`, `_tree` for `filterax._tree._utilities`."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else None
 

@@ -12,8 +12,8 @@ import optax
 import pytest
 
 import filterax as fx
-from filterax._rebuild import make_builder
-from filterax._split import split
+from filterax._tree._rebuild import make_builder
+from filterax._tree._split import split
 
 
 class Plain(fx.Module):

@@ -1,4 +1,4 @@
-"""The traced/static split every transform is built on (`filterax._split`)."""
+"""The traced/static split every transform is built on (`filterax._tree._split`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import filterax as fx
-from filterax._split import (
+from filterax._tree._split import (
     ARRAY,
     STATIC,
     TRACER,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import filterax as fx
-from filterax._structure import path_text, prefix_difference, structure_difference
+from filterax._tree._structure import path_text, prefix_difference, structure_difference
 
 
 class Layer(fx.Module):

@@ -30,7 +30,7 @@ MEANINGS: dict[str, str] = {
     "filterax._mapping._axes.DEFAULT_AXES": "if_array(0)",
     # `tree_at` takes exactly one of `replace` and `replace_fn`: the other one is
     # not given. `...` is the stub-file spelling of "has a default".
-    "filterax._tree._MISSING": "...",
+    "filterax._tree._utilities._MISSING": "...",
     # Truncate nothing.
     "filterax._pretty._never": "lambda leaf: False",
 }

@@ -12,7 +12,7 @@ forward mode, VJPs, Jacobians, custom rules and checkpointing.
 - `_grad.py`, `_jvp.py`, `_vjp.py`, `_jacobian.py`, `_custom.py`,
   `_checkpoint.py`: one transform (family) each.
 
-May import: `jax`, `_filters`, `_split`, `_structure`, `_pretty`, `_tree`,
+May import: `jax`, `_tree._filters`, `_tree._split`, `_tree._structure`, `_pretty`, `_tree`,
 `_compat`, `_warnings`, `_module` and `_treescope` (the display hooks).
 Nothing below this folder imports it.
 """

@@ -10,10 +10,10 @@ from typing import Any
 import jax
 
 from .._compat import traceback_boundary
-from .._filters import is_array
 from .._module import FunctionWrapper
-from .._split import StaticPart, split
-from .._structure import argument_path
+from .._tree._filters import is_array
+from .._tree._split import StaticPart, split
+from .._tree._structure import argument_path
 from ._refs import READ_ONLY, shield_refs, unshield_refs
 
 __all__ = ["filter_checkpoint"]

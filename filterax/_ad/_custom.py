@@ -13,16 +13,16 @@ import jax.tree_util as jtu
 from jax.custom_derivatives import SymbolicZero as _JaxSymbolicZero
 
 from .._compat import traceback_boundary
-from .._filters import (
+from .._module import copy_wrapped_attributes
+from .._tree._filters import (
     combine,
     is_array,
     is_inexact_array,
     is_inexact_array_like,
     partition,
 )
-from .._module import copy_wrapped_attributes
-from .._split import Static
-from .._structure import argument_path
+from .._tree._split import Static
+from .._tree._structure import argument_path
 from .._warnings import warn_deprecated
 from ._nondiff import partition_differentiable
 from ._perturbation import (

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._compat import traceback_boundary
-from .._filters import combine, is_array
 from .._module import FunctionWrapper
-from .._split import split
+from .._tree._filters import combine, is_array
+from .._tree._split import split
 from ._nondiff import partition_differentiable
 from ._perturbation import describe_leaf
 from ._refs import STOP_GRADIENT, shield_refs, unshield_refs

@@ -9,9 +9,9 @@ import jax
 import jax.tree_util as jtu
 
 from .._compat import traceback_boundary
-from .._filters import combine, is_array, is_inexact_array_like
 from .._module import FunctionWrapper
-from .._split import split
+from .._tree._filters import combine, is_array, is_inexact_array_like
+from .._tree._split import split
 from ._nondiff import partition_differentiable
 from ._perturbation import split_differentiable
 from ._refs import STOP_GRADIENT, shield_refs

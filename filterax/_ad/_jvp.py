@@ -10,8 +10,8 @@ import jax.tree_util as jtu
 from jax.core import eval_jaxpr
 
 from .._compat import outputs_depending_on_inputs, traceback_boundary
-from .._filters import combine, is_array, is_inexact_array_like
-from .._split import split
+from .._tree._filters import combine, is_array, is_inexact_array_like
+from .._tree._split import split
 from ._nondiff import partition_differentiable
 from ._perturbation import (
     match_perturbation,

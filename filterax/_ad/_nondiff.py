@@ -11,10 +11,10 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
-from .._filters import is_inexact_array, partition
 from .._pretty import tree_pformat
-from .._split import FROZEN_NODE_TYPES
-from .._tree import tree_at
+from .._tree._filters import is_inexact_array, partition
+from .._tree._split import FROZEN_NODE_TYPES
+from .._tree._utilities import tree_at
 
 __all__ = [
     "NonDifferentiable",

@@ -11,15 +11,15 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.dtypes import canonicalize_dtype, float0
 
-from .._filters import (
+from .._tree._filters import (
     combine,
     is_array,
     is_inexact_array,
     is_inexact_array_like,
     partition,
 )
-from .._split import Static
-from .._structure import describe_value, path_text, prefix_difference
+from .._tree._split import Static
+from .._tree._structure import describe_value, path_text, prefix_difference
 from ._nondiff import NonDifferentiable, partition_differentiable
 from ._symbolic_zero import SymbolicZero, cotangent_dtype, is_none_or_zero
 

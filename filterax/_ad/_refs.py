@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from .._filters import is_ref, register_ref_like
+from .._tree._filters import is_ref, register_ref_like
 
 __all__ = ["RefView", "shield_refs", "unshield_refs"]
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from .._filters import is_array
+from .._tree._filters import is_array
 
 __all__ = ["SymbolicZero", "cotangent_dtype", "is_none_or_zero", "zero_cotangent"]
 

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from .._compat import traceback_boundary
-from .._filters import combine, is_array
-from .._split import PyTreeDef, split
+from .._tree._filters import combine, is_array
+from .._tree._split import PyTreeDef, split
 from ._nondiff import partition_differentiable
 from ._perturbation import (
     match_perturbation,

@@ -15,7 +15,7 @@
 - `_schedule.py`: which steps that buffer keeps, and where the backward pass
   places new checkpoints.
 
-May import: `jax`, and from filterax only `_split`, `_structure`, `_filters`
+May import: `jax`, and from filterax only `_tree._split`, `_tree._structure`, `_tree._filters`
 and `_compat`.
 """
 

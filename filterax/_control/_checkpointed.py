@@ -26,8 +26,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._filters import is_inexact_array
-from .._split import interleave
+from .._tree._filters import is_inexact_array
+from .._tree._split import interleave
 from ._jaxpr import TracedBody
 from ._schedule import Checkpoints, advance_for, empty_checkpoints, store
 

@@ -22,7 +22,7 @@ import jax
 from jax.custom_batching import custom_vmap
 from jax.custom_derivatives import linear_call
 
-from .._filters import is_inexact_array
+from .._tree._filters import is_inexact_array
 
 __all__ = ["forward_mode_only"]
 

@@ -19,8 +19,8 @@ from typing import Any
 import jax
 
 from .._compat import ClosedJaxpr, Jaxpr, jaxpr_as_fun, jaxprs_in_params
-from .._filters import is_ref
-from .._split import interleave
+from .._tree._filters import is_ref
+from .._tree._split import interleave
 
 __all__ = ["TracedBody", "trace_body", "writes_refs"]
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.core import Tracer
 
 from .._compat import traceback_boundary
-from .._structure import describe_value
+from .._tree._structure import describe_value
 from ._checkpointed import checkpointed_while
 from ._guard import forward_mode_only
 from ._jaxpr import TracedBody, trace_body

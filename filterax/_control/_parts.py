@@ -1,7 +1,7 @@
 """The three parts of a tree that goes through a loop or a branch: the arrays
 JAX traces, the Refs it shares, and the static leaves it keeps in Python.
 
-`split_parts` flattens once (through `_split.split`); `Parts.merge` rebuilds.
+`split_parts` flattens once (through `_tree._split.split`); `Parts.merge` rebuilds.
 `check_unchanged` is the carry rule of every loop: same structure, same static
 leaves, same array shapes and dtypes, the very same Refs. `first_difference`
 finds where two trees part, for the error messages of loops and branches.
@@ -19,9 +19,9 @@ import jax
 import jax.tree_util as jtu
 
 from .._compat import same_structure
-from .._filters import is_ref
-from .._split import StaticPart, interleave, split
-from .._structure import TreeDifference, array_text, describe_value, tree_diff
+from .._tree._filters import is_ref
+from .._tree._split import StaticPart, interleave, split
+from .._tree._structure import TreeDifference, array_text, describe_value, tree_diff
 
 __all__ = [
     "Parts",

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from .._compat import traceback_boundary
-from .._filters import is_array
-from .._structure import describe_value, path_text
+from .._tree._filters import is_array
+from .._tree._structure import describe_value, path_text
 from ._jaxpr import trace_body
 from ._parts import Parts, check_count, check_unchanged, split_parts, strong_type
 

@@ -20,7 +20,7 @@ Three modules, from the bottom up:
   failed check.
 - `_public.py`: `error_if`, `branched_error_if` and their argument validation.
 
-May import: `jax`, NumPy, `.._compat`, `.._filters`, `.._split` and
+May import: `jax`, NumPy, `.._compat`, `.._tree._filters`, `.._tree._split` and
 `.._warnings` (the package root imports
 this folder). Other modules import it from here.
 """

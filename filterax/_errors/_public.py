@@ -14,8 +14,8 @@ import numpy as np
 from jax import lax
 from jax.core import Tracer
 
-from .._filters import is_array
-from .._split import split
+from .._tree._filters import is_array
+from .._tree._split import split
 from .._warnings import FilteraxWarning
 from ._program import _checked, _fill_where, _stack_inside_transforms
 from ._report import (

@@ -19,8 +19,8 @@ every wrapper of one function, and what leaves the traces; `_layout.py` the
 `in_shardings` and `out_shardings`, and outputs laid out like the arguments
 they update on an `Auto` mesh; `_aot.py` `.lower(...).compile()`.
 
-May import: `jax`, `_module` (`FunctionWrapper`), `_split`, `_structure`,
-`_filters`, `_caches`, `_compat`, `_errors`, `_transformed`, `_warnings`, and
+May import: `jax`, `_module` (`FunctionWrapper`), `_tree._split`, `_tree._structure`,
+`_tree._filters`, `_caches`, `_compat`, `_errors`, `_transformed`, `_warnings`, and
 `_mapping` (`filter_shard`, the prefix resolution of `_mapping/_axes.py` and
 the sharding checks of `_mapping/_shard.py`, for the shardings).
 """

@@ -17,8 +17,8 @@ import jax
 
 from .._compat import donation_warning_ignored
 from .._errors import runtime_error_from
-from .._split import MixedOutput, shape_signature
-from .._structure import differences_text
+from .._tree._split import MixedOutput, shape_signature
+from .._tree._structure import differences_text
 from ._compiled import rebuild
 from ._describe import CallKey, describe
 from ._policy import Policy

@@ -14,11 +14,11 @@ import jax.tree_util as jtu
 
 from .._compat import donation_warning_ignored, traceback_boundary
 from .._errors import runtime_error_from
-from .._filters import is_array
 from .._mapping._shard import mesh_context
 from .._module import FunctionWrapper
-from .._split import STATIC, MixedOutput, flatten, is_module_type, leaf_kinds
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
+from .._tree._filters import is_array
+from .._tree._split import STATIC, MixedOutput, flatten, is_module_type, leaf_kinds
 from .._warnings import FilteraxWarning
 from ._aot import CallPlan, Lowered
 from ._compiled import REROUTE, Compiled, compiled_for, rebuild

@@ -24,7 +24,7 @@ Outputs: `filter_output` returns the output itself when every leaf is an
 array and no node is a Module (JAX rebuilds it in C++), else a `MixedOutput`
 (arrays as children, the `StaticPart` as node data). A Ref in the output that
 came in as an argument leaves as an `InputRef` marker; `rebuild` puts the very
-Ref back, rebuilds Modules with a builder (`_rebuild`) and remembers them
+Ref back, rebuilds Modules with a builder (`_tree._rebuild`) and remembers them
 (`_describe`), so passing them back in costs no flattening.
 """
 
@@ -43,8 +43,8 @@ import jax
 import jax.tree_util as jtu
 
 from .._caches import register_cache_clearer
-from .._filters import is_ref
-from .._split import (
+from .._tree._filters import is_ref
+from .._tree._split import (
     STATIC,
     TRACER,
     MixedOutput,

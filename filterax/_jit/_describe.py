@@ -35,7 +35,7 @@ import jax
 import jax.tree_util as jtu
 from jax.core import Tracer
 
-from .._split import (
+from .._tree._split import (
     ARRAY,
     CONCRETE,
     FROZEN_NODE_TYPES,
@@ -48,7 +48,7 @@ from .._split import (
     leaf_kinds,
     split_by_kind,
 )
-from .._structure import argument_path
+from .._tree._structure import argument_path
 from ._layout import canonical
 
 __all__ = [

@@ -29,11 +29,11 @@ import numpy as np
 from jax.core import Tracer
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-from .._filters import is_array
 from .._mapping import filter_shard
 from .._mapping._axes import flatten_spec_prefix, specs_for_leaves
 from .._mapping._shard import check_leaf_shardings, recording_constraints
-from .._structure import argument_path, path_text
+from .._tree._filters import is_array
+from .._tree._structure import argument_path, path_text
 
 __all__ = ["Layout", "canonical", "follow_arguments", "on_auto_mesh"]
 

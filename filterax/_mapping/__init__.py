@@ -5,7 +5,7 @@
   rebuilding mapped outputs; shared by the three.
 - `_vmap.py`, `_pmap.py`, `_shard.py`, `_shard_map.py`: one transform each.
 
-May import: `jax`, `_caches`, `_compat`, `_filters`, `_split`, `_structure`,
+May import: `jax`, `_caches`, `_compat`, `_tree._filters`, `_tree._split`, `_tree._structure`,
 `_module`.
 """
 

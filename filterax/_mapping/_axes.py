@@ -18,14 +18,14 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from .._filters import is_array, is_array_like, is_key_array, is_ref
-from .._split import (
+from .._tree._filters import is_array, is_array_like, is_key_array, is_ref
+from .._tree._split import (
     InputRef,
     StaticPart,
     mark_input_refs,
     split,
 )
-from .._structure import argument_path, one_level, path_text, prefix_difference
+from .._tree._structure import argument_path, one_level, path_text, prefix_difference
 
 __all__ = [
     "DEFAULT_AXES",

@@ -17,8 +17,8 @@ import numpy as np
 
 from .._compat import donation_warning_ignored, traceback_boundary
 from .._module import FunctionWrapper
-from .._split import StaticPart, is_dynamic_leaf, shape_signature
-from .._structure import argument_path, differences_text
+from .._tree._split import StaticPart, is_dynamic_leaf, shape_signature
+from .._tree._structure import argument_path, differences_text
 from ._axes import (
     DEFAULT_AXES,
     MappedArguments,

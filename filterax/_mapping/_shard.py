@@ -12,8 +12,8 @@ import jax
 import jax.tree_util as jtu
 from jax.core import Tracer
 
-from .._filters import is_array
-from .._structure import path_text
+from .._tree._filters import is_array
+from .._tree._structure import path_text
 from ._axes import specs_for_leaves
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 `jax.shard_map` takes arrays only: a Module holding a function, a string or an
 int among the arguments fails. Here the arguments and the function itself are
-split once (`_split.split`): their arrays are what `jax.shard_map` maps, split
+split once (`_tree._split.split`): their arrays are what `jax.shard_map` maps, split
 by the `PartitionSpec` covering each (the function's own arrays replicated,
 `P()`), and everything else rides along in the static part, merged back on
 each device. The output is split the same way inside the mapped function:
@@ -30,10 +30,10 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from .._caches import register_cache_clearer
 from .._compat import traceback_boundary
-from .._filters import is_ref
 from .._module import FunctionWrapper
-from .._split import MixedOutput, StaticPart, split
-from .._structure import path_text
+from .._tree._filters import is_ref
+from .._tree._split import MixedOutput, StaticPart, split
+from .._tree._structure import path_text
 from ._axes import flatten_spec_prefix, specs_for_leaves
 
 __all__ = ["ShardMapWrapper", "filter_shard_map"]

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._compat import traceback_boundary
-from .._filters import is_ref
 from .._module import FunctionWrapper
+from .._tree._filters import is_ref
 from ._axes import (
     DEFAULT_AXES,
     MappedOutput,

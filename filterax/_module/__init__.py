@@ -14,7 +14,7 @@
   `_attributes.py`: the one list of attributes a wrapper copies from what it
   wraps.
 
-May import: `jax`, `_compat` (the only home of JAX internals), `_filters`,
+May import: `jax`, `_compat` (the only home of JAX internals), `_tree._filters`,
 `_pretty` and `_tree` (printing and equality sit below Modules and know
 nothing about them), `_transformed` (recognising JAX transforms),
 `_warnings` (deprecations, warnings attributed to the caller) and, deferred to

@@ -52,8 +52,8 @@ from typing import Any
 import jax
 
 from .._compat import register_dataclass_node
-from .._filters import is_array, is_inexact_array_like
 from .._transformed import TRANSFORM_TYPES, wrapped_by_transform
+from .._tree._filters import is_array, is_inexact_array_like
 from .._warnings import GENERATED_FILENAME, FilteraxWarning, warn_at_caller
 from ._field import StaticArrayWarning
 from ._frozen import FROZEN_STATIC_TYPES, freeze_static

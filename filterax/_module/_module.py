@@ -14,7 +14,7 @@ import jax.tree_util as jtu
 from typing_extensions import dataclass_transform
 
 from .._pretty import tree_pformat
-from .._tree import tree_equal
+from .._tree._utilities import tree_equal
 from .._warnings import FilteraxWarning
 from ._abstract import abstract_error, resolve_abstract_attributes
 from ._attributes import copy_wrapped_attributes

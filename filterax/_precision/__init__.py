@@ -8,7 +8,7 @@
 - `_loss_scale.py`: `NoOpLossScale`, `StaticLossScale`, `DynamicLossScale`,
   `all_finite` and `select_tree`.
 
-May import: `jax`, `numpy`, `_filters`, `_structure`, `_tree`, `_compat` and
+May import: `jax`, `numpy`, `_tree._filters`, `_tree._structure`, `_tree`, `_compat` and
 `_module`.
 Nothing below this folder imports it.
 """

@@ -7,7 +7,7 @@ from typing import Any
 import jax.tree_util as jtu
 import numpy as np
 
-from .._filters import filter, is_inexact_array
+from .._tree._filters import filter, is_inexact_array
 from ._dtypes import floating_dtype, is_floating_array
 
 __all__ = ["cast", "cast_leaves", "cast_selected", "register_buffer_type"]

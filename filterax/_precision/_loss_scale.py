@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jaxtyping import Array, Bool, Float, Int
 
-from .._filters import is_array, is_inexact_array
 from .._module import Module, field
-from .._structure import describe_value, path_text, structure_difference
-from .._tree import tree_at
+from .._tree._filters import is_array, is_inexact_array
+from .._tree._structure import describe_value, path_text, structure_difference
+from .._tree._utilities import tree_at
 
 __all__ = [
     "DynamicLossScale",

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._compat import traceback_boundary
 from .._module import BoundMethod, FunctionWrapper, Module, Partial, field
-from .._structure import describe_value, one_level, path_text, prefix_difference
+from .._tree._structure import describe_value, one_level, path_text, prefix_difference
 from ._cast import cast_leaves, cast_selected
 from ._dtypes import floating_dtype
 

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._filters import is_key_array, is_ref
 from .._module import Module
+from .._tree._filters import is_key_array, is_ref
 
 __all__ = ["RngStream"]
 

@@ -28,7 +28,7 @@
   stale temporary files), `_messages.py` (`SerialisationError` and the
   phrases of its messages).
 
-May import: `jax`, `numpy`, and the lowest layer of filterax (`_filters`).
+May import: `jax`, `numpy`, and the lowest layer of filterax (`_tree._filters`).
 Nothing in filterax imports this folder except `filterax/__init__.py` and
 `filterax/checkpoint/` (the error type, and how leaves are described and
 placed).

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._filters import is_ref
+from .._tree._filters import is_ref
 from ._messages import shape_str, with_article
 
 __all__ = [

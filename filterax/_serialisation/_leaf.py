@@ -14,7 +14,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
-from .._filters import is_ref
+from .._tree._filters import is_ref
 from ._arrays import (
     PYTHON_SCALAR_TYPES,
     as_like_scalar,

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._filters import is_ref
+from .._tree._filters import is_ref
 from ._arrays import (
     PYTHON_SCALAR_TYPES,
     as_like_scalar,

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from .._filters import is_ref
+from .._tree._filters import is_ref
 from ._arrays import host_copy, python_scalar_kind
 from ._npy import NpyReader
 from ._npy_leaf import KeyPath, NpyLeafReader, decode_npy_leaf

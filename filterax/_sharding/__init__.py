@@ -15,8 +15,8 @@ construction.
 - `_check.py`: `check_shardings_fit`: shardings (a restore's template, say)
   checked against the arrays' shapes, each misfit named by its key path.
 
-Sits at the transforms layer. May import: `jax`, `_compat`, `_filters`,
-`_split`, `_structure`, `_module`, `_eval_shape`, `_warnings`, `_mapping`
+Sits at the transforms layer. May import: `jax`, `_compat`, `_tree._filters`,
+`_tree._split`, `_tree._structure`, `_module`, `_eval_shape`, `_warnings`, `_mapping`
 (`mesh_context`, the prefix resolution of `_mapping/_axes.py` and the
 sharding checks of `_mapping/_shard.py`).
 """

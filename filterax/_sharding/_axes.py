@@ -10,10 +10,10 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from .._filters import is_array, is_ref
 from .._module import Module, field
 from .._module._field import AXES_KEY, check_axes_names
-from .._structure import one_level
+from .._tree._filters import is_array, is_ref
+from .._tree._structure import one_level
 
 __all__ = [
     "STACK_AXIS",

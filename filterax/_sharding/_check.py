@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec
 
 from .._mapping._axes import specs_for_leaves
 from .._mapping._shard import check_leaf_shardings
-from .._structure import path_text
+from .._tree._structure import path_text
 
 __all__ = ["check_shardings_fit"]
 

@@ -14,9 +14,9 @@ import jax.tree_util as jtu
 from jax.extend.core import jaxpr_as_fun
 
 from .._eval_shape import filter_eval_shape
-from .._filters import is_array
 from .._mapping._shard import mesh_context
-from .._split import split
+from .._tree._filters import is_array
+from .._tree._split import split
 from ._rules import Rules, flat_shardings
 
 __all__ = ["sharded_init"]

@@ -12,7 +12,7 @@ import jax
 import jax.tree_util as jtu
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .._structure import path_text
+from .._tree._structure import path_text
 from .._warnings import FilteraxWarning
 from ._axes import STACK_AXIS, Names, _is_shaped_leaf, flat_axes
 

@@ -22,7 +22,7 @@ file, `filterax.tree_serialise_leaves` remains the simple default.
   directory on every call.
 
 May import: `jax`, `numpy`, `orbax.checkpoint`, and the filterax layers below
-the public surface (`_filters`, `_serialisation`, and `_sharding` for the
+the public surface (`_tree._filters`, `_serialisation`, and `_sharding` for the
 checks of a template's shardings). Nothing in filterax imports
 this package: `import filterax` never imports orbax.
 """

@@ -43,7 +43,6 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
-from .._filters import is_ref
 from .._serialisation._arrays import is_key_dtype, key_impl_of
 from .._serialisation._fingerprint import describe_value, module_name
 from .._serialisation._kinds import (
@@ -55,6 +54,7 @@ from .._serialisation._kinds import (
     STORED_ARRAY_KINDS,
 )
 from .._serialisation._messages import SerialisationError, shape_str
+from .._tree._filters import is_ref
 
 __all__ = [
     "FORMAT",

@@ -29,10 +29,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from .._filters import is_ref
 from .._serialisation._arrays import as_like_scalar, as_weak
 from .._serialisation._kinds import NUMPY_ARRAY, NUMPY_SCALAR, OBJECT
 from .._serialisation._messages import SerialisationError
+from .._tree._filters import is_ref
 from ._describe import (
     STORED_ARRAY_KINDS,
     Described,

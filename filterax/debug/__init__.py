@@ -10,7 +10,7 @@ Written with the core's public names, imported from the packages that define
 them, not from the root package, which imports this one (so the import graph
 has no circle). Nothing outside `filterax/__init__.py` imports this package.
 
-May import: the core's public names from `_ad`, `_filters`, `_module`,
+May import: the core's public names from `_ad`, `_tree._filters`, `_module`,
 `_pretty`, `_missing`, `_compat` (the primitive of `announce_transform`); from `_errors` also the helpers that runtime checks share
 (`any_over_batch`, `own_frames_on_top`); `jax`, NumPy.
 """

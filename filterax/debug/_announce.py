@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import jax
 
 from .._compat import define_identity_primitive
-from .._filters import is_array
+from .._tree._filters import is_array
 
 __all__ = ["announce_transform"]
 

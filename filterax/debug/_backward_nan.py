@@ -9,8 +9,8 @@ import jax.numpy as jnp
 
 from .._ad import filter_custom_vjp
 from .._errors import error_if
-from .._filters import combine, is_array, partition
 from .._pretty import tree_pformat
+from .._tree._filters import combine, is_array, partition
 
 __all__ = ["backward_nan"]
 

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from .._filters import combine, is_array, is_key_array, partition
 from .._pretty import tree_pformat
+from .._tree._filters import combine, is_array, is_key_array, partition
 
 __all__ = ["inspect_dce", "store_dce"]
 

@@ -11,9 +11,9 @@ from typing import Any, TypeVar, overload
 import jax
 
 from .._compat import same_structure
-from .._filters import is_array
 from .._module import Module, field, module_update_wrapper
 from .._pretty import tree_pformat
+from .._tree._filters import is_array
 
 __all__ = ["assert_max_traces", "get_num_traces"]
 

@@ -6,10 +6,10 @@ from the packages that define them (`.._module`, `.._mapping`...), not from the
 root package, which imports this one: the import graph has no circle. Nothing
 outside `filterax/__init__.py` imports this package.
 
-May import: the core's public names from `_module`, `_filters`, `_tree`,
+May import: the core's public names from `_module`, `_tree._filters`, `_tree`,
 `_pretty`, `_mapping`, `_eval_shape`, `_rng`, `_missing`, `_ad`'s
 `unfrozen` (a frozen parameter as the array `lax` needs) and
-`filter_checkpoint`, `_control`'s `filter_scan` and `_structure`'s error
+`filter_checkpoint`, `_control`'s `filter_scan` and `_tree._structure`'s error
 texts (for `Stacked`), and `_compat`'s
 `same_structure` (treedefs compared with their node classes), `_warnings`
 (deprecations, warnings attributed to the caller), `_sharding`'s helpers

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Inexact, Int, PRNGKeyArray
 
-from .._filters import is_array_like
 from .._module import Module, field
 from .._sharding import axes_overrides_field, declared_axes, layer_axes, row_of
+from .._tree._filters import is_array_like
 from ._shared_helpers import (
     check_key,
     default_floating_dtype,

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 import jax.tree_util as jtu
 import numpy as np
 
-from .._tree import tree_at
+from .._tree._utilities import tree_at
 
 __all__ = ["inference_mode"]
 

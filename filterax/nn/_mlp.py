@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jaxtyping import Array, ArrayLike, PRNGKeyArray
 
-from .._filters import is_array
 from .._mapping import filter_vmap
 from .._module import Module, field
 from .._sharding import sublayer_axes
+from .._tree._filters import is_array
 from ._linear import Linear
 from ._shared_helpers import check_key, non_negative_int
 

@@ -8,7 +8,7 @@ from typing import Any
 from .._eval_shape import filter_eval_shape
 from .._module import Module
 from .._pretty import tree_pformat
-from .._tree import tree_at, tree_equal
+from .._tree._utilities import tree_at, tree_equal
 
 __all__ = ["Shared"]
 

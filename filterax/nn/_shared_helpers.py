@@ -22,7 +22,7 @@ import numpy as np
 from jaxtyping import Array
 
 from .._module import Module
-from .._tree import tree_at
+from .._tree._utilities import tree_at
 from .._warnings import warn_deprecated
 
 __all__ = [

@@ -15,11 +15,11 @@ from jaxtyping import PRNGKeyArray
 
 from .._ad import filter_checkpoint
 from .._control import filter_scan
-from .._filters import is_array, is_ref
 from .._mapping import filter_vmap, if_array
 from .._module import Module, field
 from .._rng import RngStream
-from .._structure import array_text, describe_value, path_text, tree_diff
+from .._tree._filters import is_array, is_ref
+from .._tree._structure import array_text, describe_value, path_text, tree_diff
 from ._stateful import State
 
 __all__ = ["Stacked"]

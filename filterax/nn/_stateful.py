@@ -27,7 +27,7 @@ from .._module import Module, field
 from .._precision import register_buffer_type
 from .._pretty import tree_pformat
 from .._sharding import register_state_types
-from .._tree import tree_at
+from .._tree._utilities import tree_at
 
 __all__ = ["State", "StateIndex", "delete_init_state", "make_with_state"]
 

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._ad import unfrozen
-from .._filters import is_array
 from .._module import Module, field
 from .._sharding import axes_overrides_field, layer_axes, logical_axes
+from .._tree._filters import is_array
 from ._shared_helpers import MissingWeightError, with_weight
 
 __all__ = ["WeightNorm"]

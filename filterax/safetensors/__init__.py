@@ -16,7 +16,7 @@ process's devices hold.
 - `_load.py`: `load`: renaming, matching names, checking shapes, reading.
 
 May import: `jax`, `numpy`, the safetensors package, and the filterax
-layers below the public surface (`_filters`, `_serialisation`, `_warnings`).
+layers below the public surface (`_tree._filters`, `_serialisation`, `_warnings`).
 Nothing in filterax imports this package: `import filterax` never imports
 safetensors.
 """

@@ -10,8 +10,8 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from .._filters import is_ref
 from .._serialisation._arrays import is_key_dtype
+from .._tree._filters import is_ref
 
 __all__ = ["ArrayLeaf", "array_leaves", "tensor_name"]
 

@@ -15,9 +15,9 @@ import numpy as np
 import safetensors
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .._filters import is_ref
 from .._serialisation import SerialisationError
 from .._serialisation._arrays import as_weak, place, restore_keys
+from .._tree._filters import is_ref
 
 __all__ = ["Reader", "read_leaf", "tensor_reader"]
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 import filterax as fx
 from filterax._jit._describe import CallKey, describe, unpack_key
-from filterax._split import STATIC_MASK, flatten, leaf_kinds
+from filterax._tree._split import STATIC_MASK, flatten, leaf_kinds
 
 
 def _describe(args: tuple, kwargs: dict, last: CallKey | None = None) -> tuple:

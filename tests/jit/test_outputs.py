@@ -15,7 +15,7 @@ import pytest
 
 import filterax as fx
 from filterax._jit import _compiled
-from filterax._split import MixedOutput
+from filterax._tree._split import MixedOutput
 
 
 class Tag(fx.Module):

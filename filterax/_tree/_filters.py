@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+from .._typing import PyTree
 from ._structure import one_level, path_text, prefix_difference, structure_difference
-from ._typing import PyTree
 
 __all__ = [
     "combine",

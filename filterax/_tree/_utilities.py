@@ -12,10 +12,10 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
-from ._compat import same_structure
+from .._compat import same_structure
+from .._typing import PyTree
 from ._filters import is_array, is_key_array
 from ._structure import path_text
-from ._typing import PyTree
 
 __all__ = ["tree_at", "tree_equal"]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from ._compat import same_structure
+from .._compat import same_structure
 
 __all__ = ["flatten", "make_builder"]
 
