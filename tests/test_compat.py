@@ -185,3 +185,17 @@ def test_sharding_type_error_is_what_jax_raises_for_an_unresolvable_gather():
         index = jax.device_put(jnp.arange(4) % 4, jax.sharding.PartitionSpec("data"))
         with pytest.raises(_compat.ShardingTypeError):
             jax.jit(jax.vmap(lambda i: table[i]))(index)
+
+
+def test_import_filterax_imports_no_jax_extend() -> None:
+    # `jax.extend` imports Pallas: most of what `import filterax` would add to
+    # `import jax` (`benchmarks/bench_import.py`). Its jaxpr types come through
+    # `_compat` instead.
+    import subprocess
+    import sys
+
+    code = "import sys, filterax; print('jax.extend' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"

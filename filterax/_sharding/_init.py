@@ -11,8 +11,8 @@ from typing import Any, NamedTuple, TypeVar
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-from jax.extend.core import jaxpr_as_fun
 
+from .._compat import jaxpr_as_fun
 from .._eval_shape import filter_eval_shape
 from .._mapping._shard import mesh_context
 from .._tree._filters import is_array
