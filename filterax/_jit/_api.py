@@ -71,6 +71,8 @@ class JitWrapper(FunctionWrapper):
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         try:
             if self.policy.plain:
+                if self.compiled.direct_ok is False:  # the common case: one frame less
+                    return self._call_keyed(args, kwargs)
                 return self._call(args, kwargs)
             return self._call_with_policy(args, kwargs)
         except Exception as error:
