@@ -245,3 +245,35 @@ def restore_keys(data: np.ndarray, impl: str, like: Any) -> jax.Array:
     """The key array of PRNG implementation `impl` whose key data is `data`,
     placed as `like` is."""
     return place(jax.random.wrap_key_data(jnp.asarray(data), impl=impl), like)
+
+
+def replicated_on_every_device() -> jax.sharding.NamedSharding:
+    """Every device of every process holding the whole array: where an array
+    goes in a multi-process run when nothing says otherwise."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("devices",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def with_devices(sharding: Any, where: str, action: str) -> Any:
+    """`sharding` with devices: a `NamedSharding` over an abstract mesh (what
+    `jax.eval_shape` gives on `Explicit` axes) takes the mesh set with
+    `jax.set_mesh`, when it is that mesh; any other sharding is returned as
+    it is. `where` (a key path) and `action` (`"restore"`, `"load"`) word the
+    error for an abstract mesh that no set mesh resolves."""
+    mesh = getattr(sharding, "mesh", None)
+    if not (
+        isinstance(sharding, jax.sharding.NamedSharding)
+        and isinstance(mesh, jax.sharding.AbstractMesh)
+    ):
+        return sharding
+    current = jax.sharding.get_mesh()
+    if current.empty or current.abstract_mesh != mesh:
+        raise ValueError(
+            f"cannot {action} the leaf at {where}: `like` gives it a sharding on "
+            f"an abstract mesh ({mesh}), which names no devices. {action.capitalize()} "
+            "under `with jax.set_mesh(mesh):` for that mesh, or give `like` "
+            "concrete shardings."
+        )
+    return jax.sharding.NamedSharding(
+        current, sharding.spec, memory_kind=sharding.memory_kind
+    )

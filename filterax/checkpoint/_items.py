@@ -27,9 +27,14 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import SingleDeviceSharding
 
-from .._serialisation._arrays import as_like_scalar, as_weak
+from .._serialisation._arrays import (
+    as_like_scalar,
+    as_weak,
+    replicated_on_every_device,
+    with_devices,
+)
 from .._serialisation._kinds import NUMPY_ARRAY, NUMPY_SCALAR, OBJECT
 from .._serialisation._messages import SerialisationError
 from .._tree._filters import is_ref
@@ -99,30 +104,14 @@ def _default_sharding() -> jax.sharding.Sharding:
     replicated on every device in a multi-process run."""
     if jax.process_count() == 1:
         return SingleDeviceSharding(jax.devices()[0])
-    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("devices",))
-    return NamedSharding(mesh, PartitionSpec())
+    return replicated_on_every_device()
 
 
 def _concrete_sharding(sharding: Any, path: str) -> jax.sharding.Sharding:
-    """`sharding` with devices: a `NamedSharding` over an abstract mesh (what
-    `jax.eval_shape` gives on `Explicit` meshes) takes the concrete mesh set
-    with `jax.set_mesh`, when it is that mesh."""
+    """`sharding` with devices (see `with_devices`); `None` gives the default."""
     if sharding is None:
         return _default_sharding()
-    mesh = getattr(sharding, "mesh", None)
-    if isinstance(sharding, NamedSharding) and isinstance(
-        mesh, jax.sharding.AbstractMesh
-    ):
-        current = jax.sharding.get_mesh()
-        if current.empty or current.abstract_mesh != mesh:
-            raise ValueError(
-                f"cannot restore the leaf at {path}: `like` gives it a sharding "
-                f"on an abstract mesh ({mesh}), which names no devices. Restore "
-                "under `with jax.set_mesh(mesh):` for that mesh, or give `like` "
-                "concrete shardings."
-            )
-        return NamedSharding(current, sharding.spec, memory_kind=sharding.memory_kind)
-    return sharding
+    return with_devices(sharding, path, "restore")
 
 
 def _target(like_leaf: Any, record: dict[str, Any], path: str) -> Any:

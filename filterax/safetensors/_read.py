@@ -13,10 +13,15 @@ from typing import Any
 import jax
 import numpy as np
 import safetensors
-from jax.sharding import NamedSharding, PartitionSpec
 
 from .._serialisation import SerialisationError
-from .._serialisation._arrays import as_weak, place, restore_keys
+from .._serialisation._arrays import (
+    as_weak,
+    place,
+    replicated_on_every_device,
+    restore_keys,
+    with_devices,
+)
 from .._tree._filters import is_ref
 
 __all__ = ["Reader", "read_leaf", "tensor_reader"]
@@ -100,28 +105,11 @@ def _sharded(
 
 
 def _concrete_sharding(sharding: Any, where: str) -> jax.sharding.Sharding | None:
-    """`sharding` with devices: one on an abstract mesh (what `jax.eval_shape`
-    gives on `Explicit` meshes) takes the mesh set with `jax.set_mesh`. With
-    no sharding in a multi-process run, replicated on every device."""
+    """`sharding` with devices (see `with_devices`). With no sharding in a
+    multi-process run, replicated on every device."""
     if sharding is None:
-        if jax.process_count() == 1:
-            return None
-        mesh = jax.sharding.Mesh(np.array(jax.devices()), ("devices",))
-        return NamedSharding(mesh, PartitionSpec())
-    mesh = getattr(sharding, "mesh", None)
-    if isinstance(sharding, NamedSharding) and isinstance(
-        mesh, jax.sharding.AbstractMesh
-    ):
-        current = jax.sharding.get_mesh()
-        if current.empty or current.abstract_mesh != mesh:
-            raise ValueError(
-                f"cannot load the leaf at {where}: `like` gives it a sharding on "
-                f"an abstract mesh ({mesh}), which names no devices. Load under "
-                "`with jax.set_mesh(mesh):` for that mesh, or give `like` "
-                "concrete shardings."
-            )
-        return NamedSharding(current, sharding.spec, memory_kind=sharding.memory_kind)
-    return sharding
+        return None if jax.process_count() == 1 else replicated_on_every_device()
+    return with_devices(sharding, where, "load")
 
 
 def _target_sharding(like: Any, where: str) -> jax.sharding.Sharding | None:
