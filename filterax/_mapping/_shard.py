@@ -74,6 +74,12 @@ def sharding_misfit(sharding: Any, shape: Sequence[int]) -> str | None:
             return None
     else:
         return None
+    return spec_misfit(spec, mesh, shape)
+
+
+def spec_misfit(spec: Any, mesh: Any, shape: Sequence[int]) -> str | None:
+    """Why the `PartitionSpec` `spec` on `mesh` cannot lay out an array of
+    `shape`, or `None` when it can (see `sharding_misfit`)."""
     shape = tuple(shape)
     if len(spec) > len(shape):
         return (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
 from collections.abc import Mapping, Sequence
@@ -12,6 +11,7 @@ import jax
 import jax.tree_util as jtu
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .._mapping._shard import spec_misfit
 from .._tree._structure import path_text
 from .._warnings import FilteraxWarning
 from ._axes import STACK_AXIS, Names, _is_shaped_leaf, flat_axes
@@ -111,35 +111,9 @@ def _mesh_axes(value: Any, mesh: jax.sharding.Mesh, where: str) -> tuple[str, ..
 def _check_spec(
     spec: PartitionSpec, shape: tuple[int, ...], mesh: Any, where: str, why: str
 ) -> None:
-    if len(spec) > len(shape):
-        raise ValueError(
-            f"sharding_of: at {where}: {why} gives {spec}, with {len(spec)} entries, "
-            f"for an array of shape {shape} (rank {len(shape)})."
-        )
-    seen: dict[str, int] = {}
-    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-    for dim, entry in enumerate(spec):
-        axes = () if entry is None else entry if isinstance(entry, tuple) else (entry,)
-        for axis in axes:
-            if axis not in sizes:
-                raise ValueError(
-                    f"sharding_of: at {where}: {why} gives {spec}, which names the "
-                    f"mesh axis {axis!r}; the mesh has {tuple(sizes)}."
-                )
-            if axis in seen:
-                raise ValueError(
-                    f"sharding_of: at {where}: {why} gives {spec}, which splits "
-                    f"dimensions {seen[axis]} and {dim} over the same mesh axis "
-                    f"{axis!r}; a mesh axis can split one dimension of an array."
-                )
-            seen[axis] = dim
-        parts = math.prod(sizes[axis] for axis in axes)
-        if shape[dim] % parts:
-            raise ValueError(
-                f"sharding_of: at {where}: {why} gives {spec}, which splits "
-                f"dimension {dim} (size {shape[dim]}) into {parts} parts over "
-                f"{axes}; {parts} does not divide {shape[dim]}."
-            )
+    misfit = spec_misfit(spec, mesh, shape)
+    if misfit is not None:
+        raise ValueError(f"sharding_of: at {where}: {why}: {misfit}.")
 
 
 def sharding_of(
