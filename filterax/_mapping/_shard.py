@@ -133,7 +133,7 @@ def check_leaf_shardings(
             raise ValueError(f"{who}: at {where(index)}: the sharding {why}.")
 
 
-def _leaf_path(tree: Any, root: str) -> Callable[[int], str]:
+def leaf_path(tree: Any, root: str) -> Callable[[int], str]:
     """`where(index)`: the key path of `tree`'s leaf at `index`, found only when
     an error needs it."""
 
@@ -240,7 +240,7 @@ def filter_shard(pytree: Any, sharding: Any) -> Any:
         root="pytree",
         is_spec=_is_sharding_spec,
     )
-    check_leaf_shardings(leaves, specs, _leaf_path(pytree, "pytree"), "filter_shard")
+    check_leaf_shardings(leaves, specs, leaf_path(pytree, "pytree"), "filter_shard")
     traced, traced_specs, traced_at = [], [], []
     placed, placed_specs, placed_at = [], [], []
     for index, (leaf, spec) in enumerate(zip(leaves, specs)):

@@ -10,8 +10,7 @@ import jax.tree_util as jtu
 from jax.sharding import PartitionSpec
 
 from .._mapping._axes import specs_for_leaves
-from .._mapping._shard import check_leaf_shardings
-from .._tree._structure import path_text
+from .._mapping._shard import check_leaf_shardings, leaf_path
 
 __all__ = ["check_shardings_fit"]
 
@@ -64,8 +63,7 @@ def check_shardings_fit(
     ```
     """
     if shardings is None:
-        leaves_with_paths = jtu.tree_flatten_with_path(tree)[0]
-        leaves = [leaf for _, leaf in leaves_with_paths]
+        leaves = jtu.tree_leaves(tree)
         specs = [getattr(leaf, "sharding", None) for leaf in leaves]
     else:
         leaves, specs, _ = specs_for_leaves(
@@ -75,9 +73,4 @@ def check_shardings_fit(
             root=root,
             is_spec=_is_sharding_leaf,
         )
-    check_leaf_shardings(
-        leaves,
-        specs,
-        lambda index: path_text(root, jtu.tree_flatten_with_path(tree)[0][index][0]),
-        who,
-    )
+    check_leaf_shardings(leaves, specs, leaf_path(tree, root), who)
